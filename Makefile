@@ -1,0 +1,41 @@
+# Developer entry points. Everything runs from the project's own virtualenv in .venv.
+#   make venv   create .venv (once; again when pyproject.toml changes)
+#   make demo   4-rank tour of the collectives
+#   make test   the test suite
+#   make bench  benchmarks vs torch.distributed's gloo (BENCH_ARGS="..." passes options)
+#   make lint   ruff
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.stamp
+BENCH_ARGS ?=
+
+.PHONY: venv demo test bench lint clean
+
+venv: $(STAMP)
+
+# torch is pinned and installed first: an unpinned torch would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install torch==2.13.0
+	$(VENV)/bin/pip install -e '.[test,bench,dev]'
+	touch $@
+
+demo: $(STAMP)
+	$(PY) -m pyc10d.run --nproc-per-node 4 examples/demo.py
+
+# -q and the 60 s per-test timeout come from pyproject.toml's addopts; a second -q here
+# would hide pytest's closing "N passed" line.
+test: $(STAMP)
+	$(PY) -m pytest tests -p no:cacheprovider
+
+bench: $(STAMP)
+	$(PY) -m pyc10d.bench $(BENCH_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf build *.egg-info .ruff_cache
+	find . -name __pycache__ -type d -not -path './$(VENV)/*' -prune -exec rm -rf {} +

@@ -1,0 +1,104 @@
+"""pyc10d: torch.distributed's c10d layer in Python.
+
+``import pyc10d as dist`` where you wrote ``import torch.distributed as dist``. Layers, each
+importing only the ones before it: ``store`` → ``transport`` → ``algorithms`` → ``backends``
+→ ``process_group`` → the public API (``groups``, ``collectives``, ``p2p``,
+``object_collectives``), re-exported here.
+"""
+
+from __future__ import annotations
+
+from . import distributed_c10d
+from .backends import Work
+from .collectives import (
+    _all_gather_base,
+    _broadcast_coalesced,
+    _reduce_scatter_base,
+    all_gather,
+    all_gather_coalesced,
+    all_gather_into_tensor,
+    all_reduce,
+    all_reduce_coalesced,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
+    monitored_barrier,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    scatter,
+)
+from .errors import DistBackendError, DistError, DistNetworkError, DistStoreError, DistTimeoutError
+from .groups import (
+    _get_default_group,
+    _get_default_store,
+    _new_group_with_tag,
+    _rank_not_in_group,
+    destroy_process_group,
+    get_backend,
+    get_global_rank,
+    get_group_rank,
+    get_pg_count,
+    get_process_group_ranks,
+    get_rank,
+    get_world_size,
+    init_process_group,
+    is_available,
+    is_gloo_available,
+    is_initialized,
+    is_mpi_available,
+    is_nccl_available,
+    is_torchelastic_launched,
+    is_ucc_available,
+    new_group,
+    new_subgroups,
+    new_subgroups_by_enumeration,
+)
+from .object_collectives import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    scatter_object_list,
+)
+from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
+from .process_group import Backend, ProcessGroup, ProcessGroupGloo, _round_robin_process_groups
+from .store import FileStore, HashStore, PrefixStore, Store, TCPStore
+from .types import (
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ReduceOp,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+    _make_premul_sum,
+)
+from .world import GroupMember, group
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllToAllOptions", "AllgatherOptions", "AllreduceCoalescedOptions", "AllreduceOptions", "Backend",
+    "BarrierOptions", "BroadcastOptions", "DistBackendError", "DistError", "DistNetworkError",
+    "DistStoreError", "DistTimeoutError", "FileStore", "GatherOptions", "GroupMember", "HashStore",
+    "P2POp", "PrefixStore", "ProcessGroup", "ProcessGroupGloo", "ReduceOp", "ReduceOptions",
+    "ReduceScatterOptions", "ScatterOptions", "Store", "TCPStore", "Work", "all_gather",
+    "all_gather_coalesced", "all_gather_into_tensor", "all_gather_object", "all_reduce",
+    "all_reduce_coalesced", "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv",
+    "broadcast", "broadcast_object_list", "destroy_process_group", "distributed_c10d", "gather",
+    "gather_object", "get_backend", "get_global_rank", "get_group_rank", "get_pg_count",
+    "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group",
+    "irecv", "is_available", "is_gloo_available", "is_initialized", "is_mpi_available",
+    "is_nccl_available", "is_torchelastic_launched", "is_ucc_available", "isend",
+    "monitored_barrier", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv",
+    "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send",
+    "_all_gather_base", "_broadcast_coalesced", "_get_default_group", "_get_default_store",
+    "_make_premul_sum", "_new_group_with_tag", "_rank_not_in_group", "_reduce_scatter_base",
+    "_round_robin_process_groups",
+]

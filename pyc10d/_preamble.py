@@ -1,0 +1,99 @@
+"""The preamble every public collective shares, written once.
+
+Resolves ``group`` (default group when None), warns and returns for non-members as torch
+does, translates global ranks to group ranks, checks dtypes agree, and runs the backend call
+synchronously (on the caller's thread when the group is idle) or returns its Work.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+
+from .backends import Engine
+from .groups import _get_default_group, _rank_not_in_group, get_group_rank, get_rank
+from .world import current_world
+
+
+def group_or_warn(group: Any, opname: str) -> Any:
+    """The group to run on, or None (after a warning) when this rank is not a member."""
+    if _rank_not_in_group(group):
+        world = current_world()
+        key = f"{opname}:{id(group)}"
+        if key not in world.warned:
+            world.warned.add(key)
+            warnings.warn(
+                f"Running {opname} on global rank {get_rank()} which does not belong to the given group.",
+                UserWarning,
+                stacklevel=3,
+            )
+        return None
+    return _get_default_group() if group is None else group
+
+
+def group_rank(pg: Any, global_rank: int | None, group_rank_: int | None, what: str) -> int:
+    """Translate ``src``/``dst`` (global) or ``group_src``/``group_dst`` (group-local)."""
+    if global_rank is not None and group_rank_ is not None:
+        raise ValueError(f"Can only specify one of {what} or group_{what}")
+    if group_rank_ is not None:
+        return group_rank_
+    if global_rank is None:
+        return 0
+    if pg is current_world().default_pg:
+        return global_rank
+    return get_group_rank(pg, global_rank)
+
+
+def invoke(pg: Any, method: str, *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
+    """Call ``pg.method``; wait unless ``async_op``. pyc10d engines run idle sync calls inline."""
+    fn = getattr(pg, method)
+    engine = pg._get_backend() if hasattr(pg, "_get_backend") else None
+    if isinstance(engine, Engine) and not async_op:
+        kwargs["_sync"] = True
+    work = fn(*args, **kwargs)
+    if async_op:
+        return work
+    if work is not None:
+        work.wait()
+    return None
+
+
+def _real_pair(a: torch.dtype, b: torch.dtype) -> bool:
+    pairs = {
+        torch.complex64: torch.float32, torch.complex128: torch.float64, torch.complex32: torch.float16,
+    }
+    return pairs.get(a) == b or pairs.get(b) == a
+
+
+def ensure_same_dtype(*tensors: Any) -> None:
+    flat: list[torch.Tensor] = []
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            flat.append(t)
+        elif t is not None:
+            for x in t:
+                flat.extend(x if isinstance(x, (list, tuple)) else [x])
+    if not flat:
+        return
+    first = flat[0].dtype
+    for t in flat[1:]:
+        if t.dtype != first and not _real_pair(t.dtype, first):
+            raise ValueError(
+                f"Invalid usage of tensors with different dtypes: found {first} and {t.dtype}"
+            )
+
+
+def as_real(t: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(t) if t.is_complex() else t
+
+
+def check_tensor(t: Any, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"Invalid function argument. Expected parameter `{name}` of type torch.Tensor but got {type(t)} instead.")
+
+
+def check_tensor_list(ts: Any, name: str) -> None:
+    if not isinstance(ts, (list, tuple)) or not all(isinstance(t, torch.Tensor) for t in ts):
+        raise TypeError(f"Invalid function argument. Expected parameter `{name}` of type List[torch.Tensor] but got {type(ts)} instead.")

@@ -1,0 +1,102 @@
+"""What an algorithm sees: its rank and size in the group, and tensor send/receive to peers.
+
+A ``Comm`` is made per operation by a backend. It maps group ranks to transport ranks, puts
+the operation's channel on every message, tags each message with the tensor's dtype, and turns
+transport failures into errors that name the operation, the ranks and the mismatch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import torch
+
+from ..errors import DistBackendError, DistTimeoutError
+from ..transport.base import RecvHandle, Transport
+
+DTYPES: list[torch.dtype] = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
+    torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128,
+    torch.complex32, torch.uint16, torch.uint32, torch.uint64,
+    torch.float8_e4m3fn, torch.float8_e5m2,
+]
+_CODE = {dt: i + 1 for i, dt in enumerate(DTYPES)}
+_EMPTY = memoryview(bytearray(0))
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    return _CODE.get(dtype, 0)
+
+
+def dtype_name(code: int) -> str:
+    return str(DTYPES[code - 1]).replace("torch.", "") if 0 < code <= len(DTYPES) else "bytes"
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """Writable bytes of a contiguous CPU tensor's memory (the caller keeps ``t`` alive)."""
+    n = t.numel() * t.element_size()
+    if n == 0:
+        return _EMPTY
+    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
+
+
+class PendingRecv:
+    __slots__ = ("comm", "handle", "tensor", "peer")
+
+    def __init__(self, comm: Comm, handle: RecvHandle, tensor: torch.Tensor, peer: int) -> None:
+        self.comm, self.handle, self.tensor, self.peer = comm, handle, tensor, peer
+
+    def wait(self) -> torch.Tensor:
+        c = self.comm
+        try:
+            nbytes, meta = self.handle.wait(c.remaining())
+        except DistTimeoutError:
+            raise DistTimeoutError(
+                f"{c.op}: rank {c.rank} timed out after {c.timeout:.1f}s waiting for data "
+                f"from rank {self.peer}"
+            ) from None
+        except Exception as e:
+            raise type(e)(f"{c.op}: rank {c.rank}: {e}") from None
+        expected = len(self.handle.buf)
+        want = dtype_code(self.tensor.dtype)
+        if nbytes != expected or (meta and want and meta != want):
+            raise DistBackendError(
+                f"{c.op}: rank {self.peer} sent {nbytes} bytes of {dtype_name(meta)}, rank {c.rank} "
+                f"expected {expected} bytes of {dtype_name(want)} (shape or dtype differs between ranks)"
+            )
+        return self.tensor
+
+
+class Comm:
+    """Per-operation view of a group: ``rank``/``size`` are group-local."""
+
+    def __init__(
+        self, transport: Transport, ranks: list[int], rank: int, channel: int, timeout: float, op: str
+    ) -> None:
+        self.transport = transport
+        self.ranks = ranks
+        self.rank = rank
+        self.size = len(ranks)
+        self.channel = channel
+        self.timeout = timeout
+        self.op = op
+        self.deadline = time.monotonic() + timeout
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def send(self, peer: int, t: torch.Tensor) -> None:
+        self.transport.send(self.ranks[peer], self.channel, byte_view(t), dtype_code(t.dtype))
+
+    def irecv(self, peer: int, t: torch.Tensor) -> PendingRecv:
+        handle = self.transport.irecv(self.ranks[peer], self.channel, byte_view(t))
+        return PendingRecv(self, handle, t, peer)
+
+    def recv(self, peer: int, t: torch.Tensor) -> torch.Tensor:
+        return self.irecv(peer, t).wait()
+
+    def sendrecv(self, send_peer: int, send_t: torch.Tensor, recv_peer: int, recv_t: torch.Tensor) -> None:
+        pending = self.irecv(recv_peer, recv_t)
+        self.send(send_peer, send_t)
+        pending.wait()

@@ -1,0 +1,65 @@
+"""Reduction kernels: vectorised torch ops applied in place, never per element in Python."""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import RedOpType, ReduceOp
+
+_BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)
+
+
+def check_op(op: ReduceOp, dtype: torch.dtype, opname: str) -> None:
+    """Reject (op, dtype) pairs that have no meaning, before any byte moves."""
+    t = op.op
+    if t in _BITWISE and (dtype.is_floating_point or dtype.is_complex):
+        raise ValueError(f"{opname}: ReduceOp.{t.name} is not supported for {dtype}")
+    if t in (RedOpType.MIN, RedOpType.MAX) and dtype.is_complex:
+        raise ValueError(f"{opname}: ReduceOp.{t.name} is not supported for complex tensors")
+    if t == RedOpType.AVG and not (dtype.is_floating_point or dtype.is_complex):
+        raise ValueError(f"{opname}: ReduceOp.AVG needs a floating point tensor, got {dtype}")
+    if t == RedOpType.UNUSED:
+        raise ValueError(f"{opname}: ReduceOp.UNUSED is not a reduction")
+
+
+def reduce_into(acc: torch.Tensor, other: torch.Tensor, op: ReduceOp) -> None:
+    """``acc = acc (op) other`` elementwise. AVG and PREMUL_SUM accumulate as sums."""
+    t = op.op
+    if t in (RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM):
+        if acc.dtype == torch.bool:
+            acc.logical_or_(other)
+        else:
+            acc.add_(other)
+    elif t == RedOpType.PRODUCT:
+        if acc.dtype == torch.bool:
+            acc.logical_and_(other)
+        else:
+            acc.mul_(other)
+    elif t == RedOpType.MIN:
+        torch.minimum(acc, other, out=acc)
+    elif t == RedOpType.MAX:
+        torch.maximum(acc, other, out=acc)
+    elif t == RedOpType.BAND:
+        acc.bitwise_and_(other)
+    elif t == RedOpType.BOR:
+        acc.bitwise_or_(other)
+    elif t == RedOpType.BXOR:
+        acc.bitwise_xor_(other)
+    else:
+        raise ValueError(f"unsupported reduction operation {op!r}")
+
+
+def premultiply(t: torch.Tensor, op: ReduceOp) -> torch.Tensor:
+    """For PREMUL_SUM, scale the local input by the op's factor before summing."""
+    if op.op != RedOpType.PREMUL_SUM or op.factor is None:
+        return t
+    factor = op.factor
+    if isinstance(factor, torch.Tensor):
+        factor = factor.to(t.device)
+    return t.mul_(factor)
+
+
+def finish(t: torch.Tensor, op: ReduceOp, world_size: int) -> None:
+    """AVG divides the sum by the number of contributions."""
+    if op.op == RedOpType.AVG:
+        t.div_(world_size)

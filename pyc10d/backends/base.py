@@ -1,0 +1,211 @@
+"""The collective engine shared by every backend: ordering, progress thread, failure.
+
+A backend owns a transport (or shares its world's) and runs one group's operations over
+it. Operations get a sequence number at issue time; their messages travel on the channel
+``(group key, sequence)``, so operations of different groups sharing one transport never mix.
+Queued operations run one at a time on a per-group progress thread, in issue order, so
+``async_op=True`` overlaps with the caller while completion order stays the issue order. A
+synchronous call on an idle group runs on the caller's thread (no thread hop).
+
+When an operation fails mid-flight (a peer lost, a mismatch, a timeout), the group is
+aborted: the other members are told why, their pending receives fail at once, and later
+operations on the group raise the same error instead of hanging.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import zlib
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from ..algorithms.comm import Comm
+from ..errors import DistBackendError
+from ..transport.base import Transport
+from ..types import UNSET_TIMEOUT
+from .work import Work
+
+_P2P_BIT = 1 << 31
+
+
+def group_key(name: str) -> int:
+    """32-bit namespace of a group's messages, equal on every member (from its name)."""
+    return zlib.crc32(name.encode()) or 1
+
+
+class Options:
+    """Backend options as torch's ``ProcessGroupGloo._Options``: ``_timeout``, ``_devices``, ``_threads``."""
+
+    def __init__(self, timeout: timedelta | float | None = None) -> None:
+        self._timeout = timeout if timeout is not None else timedelta(minutes=30)
+        self._devices: list[Any] = []
+        self._threads = 2
+        self.backend = "tcp"
+
+    @property
+    def timeout(self) -> timedelta:
+        return self._timeout
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "_timeout" and isinstance(value, (int, float)):
+            value = timedelta(seconds=value)
+        super().__setattr__(name, value)
+
+
+class Engine:
+    """Issue/run machinery; ``ops.CollectiveOps`` adds the collectives on top."""
+
+    backend_name = "tcp"
+
+    def __init__(
+        self,
+        transport: Transport,
+        ranks: list[int],
+        rank: int,
+        group_name: str,
+        options: Options | None = None,
+        owns_transport: bool = False,
+    ) -> None:
+        self.transport = transport
+        self.ranks = ranks
+        self._rank = rank
+        self._size = len(ranks)
+        self.group_name = group_name
+        self.group_key = group_key(group_name)
+        self.options = options or Options()
+        self._owns_transport = owns_transport
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._exec = threading.Lock()
+        self._pending = 0
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
+        self._broken: BaseException | None = None
+        self._closed = False
+
+    # -- identity --------------------------------------------------------------------------
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def name(self) -> str:
+        return self.backend_name
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return self.backend_name
+
+    @property
+    def timeout_s(self) -> float:
+        return self.options._timeout.total_seconds()
+
+    def _set_default_timeout(self, timeout: timedelta) -> None:
+        self.options._timeout = timeout
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self._seq
+
+    def _set_sequence_number_for_group(self) -> None:
+        pass
+
+    # -- running operations --------------------------------------------------------------
+    def _op_timeout(self, opts: Any) -> float:
+        t = getattr(opts, "timeout", UNSET_TIMEOUT)
+        if isinstance(t, timedelta) and t.total_seconds() > 0:
+            return t.total_seconds()
+        return self.timeout_s
+
+    def _submit(
+        self, opname: str, fn: Callable[[Comm], Any], outputs: Any, opts: Any = None, sync: bool = False
+    ) -> Work:
+        """Give ``fn`` a channel and run it in issue order; return its Work."""
+        timeout = self._op_timeout(opts)
+        with self._lock:
+            if self._closed:
+                raise DistBackendError(f"{opname}: process group {self.group_name!r} was destroyed")
+            self._seq += 1
+            work = Work(opname, outputs, self._seq)
+            job = (work, fn, (self.group_key << 32) | (self._seq & 0x7FFFFFFF), timeout)
+            inline = sync and self._pending == 0
+            self._pending += 1
+            if not inline:
+                self._queue.put(job)
+                if self._worker is None:
+                    self._worker = threading.Thread(
+                        target=self._progress, daemon=True, name=f"pyc10d-progress-{self.group_name}"
+                    )
+                    self._worker.start()
+        if inline:
+            self._execute(job)
+        return work
+
+    def _progress(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            self._execute(job)
+
+    def _execute(self, job: tuple) -> None:
+        work, fn, channel, timeout = job
+        error: BaseException | None = None
+        with self._exec:
+            try:
+                if self._broken is not None:
+                    raise type(self._broken)(
+                        f"{work.opname}: group {self.group_name!r} is unusable after an earlier "
+                        f"failure: {self._broken}"
+                    )
+                fn(Comm(self.transport, self.ranks, self._rank, channel, timeout, work.opname))
+            except BaseException as e:  # noqa: BLE001 - handed to the waiter
+                error = e
+                self._fail_group(e)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+        work._finish(error)
+
+    def _fail_group(self, error: BaseException) -> None:
+        if self._broken is not None:
+            return
+        self._broken = error
+        reason = f"group {self.group_name!r}, rank {self._rank}: {error}"
+        peers = [g for i, g in enumerate(self.ranks) if i != self._rank]
+        self.transport.abort(self.group_key, reason, peers)
+
+    def _run_sync(self, opname: str, fn: Callable[[Comm], Any], outputs: Any, opts: Any = None) -> Work:
+        return self._submit(opname, fn, outputs, opts, sync=True)
+
+    # -- point to point ---------------------------------------------------------------------
+    def _p2p_channel(self, tag: int) -> int:
+        return (self.group_key << 32) | _P2P_BIT | (tag & 0x7FFFFFFF)
+
+    def _p2p_comm(self, opname: str) -> Comm:
+        return Comm(self.transport, self.ranks, self._rank, 0, self.timeout_s, opname)
+
+    # -- shutdown --------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            worker = self._worker
+        if worker is not None:
+            self._queue.put(None)
+            worker.join(timeout=self.timeout_s)
+        if self._owns_transport:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self._fail_group(DistBackendError(f"group {self.group_name!r} aborted by rank {self._rank}"))
+        self.shutdown()
+
+    def _check_device(self, tensors: list[torch.Tensor], opname: str) -> None:
+        for t in tensors:
+            if t.device.type not in ("cpu", "meta"):
+                raise RuntimeError(f"{opname}: unsupported device type {t.device.type}")

@@ -1,0 +1,143 @@
+"""The low-level collectives of a process group (``pg.allreduce([t], opts)`` ...).
+
+Each method validates its inputs (torch Gloo's messages), then hands a closure to the
+engine. The closure stages tensors to contiguous host memory, picks an algorithm with
+``algorithms.select`` and writes results back. Lists of several tensors per rank follow
+torch Gloo's semantics (all tensors of all ranks take part).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import algorithms as algo
+from ..algorithms.reduce_ops import check_op, finish, premultiply, reduce_into
+from ..types import (
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    BroadcastOptions,
+    RedOpType,
+    ReduceOp,
+    ReduceOptions,
+    as_reduce_op,
+)
+from . import checks as ck
+from .base import Engine
+from .sparse import sparse_allreduce
+from .staging import flat, host, writeback
+from .work import Work
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class CollectiveOps(Engine):
+    """Collectives on top of the engine; see ``ProcessGroup`` for the user-facing docs."""
+
+    # -- all_reduce family ----------------------------------------------------------------
+    def allreduce(self, tensors: Any, opts: AllreduceOptions | None = None, op: Any = None, _sync: bool = False) -> Work:
+        tensors = ck.as_list(tensors)
+        opts = opts if opts is not None else AllreduceOptions()
+        red = as_reduce_op(op if op is not None else opts.reduceOp)
+        ck.check_non_empty("allreduce", tensors)
+        if any(t.is_sparse for t in tensors):
+            ck.check_same("allreduce", tensors)
+            if red.op != RedOpType.SUM:
+                ck.fail("allreduce", f"unsupported reduction operation {red.name} for sparse tensors")
+            return self._submit("allreduce", lambda c: sparse_allreduce(c, tensors), tensors, opts, _sync)
+        ck.check_same("allreduce", tensors)
+        check_op(red, tensors[0].dtype, "allreduce")
+
+        def run(comm: algo.Comm) -> None:
+            self._allreduce_dense(comm, tensors, red)
+
+        return self._submit("allreduce", run, tensors, opts, _sync)
+
+    def _allreduce_dense(self, comm: algo.Comm, tensors: list[torch.Tensor], red: ReduceOp) -> None:
+        hs = [host(t) for t in tensors]
+        acc = hs[0] if len(hs) == 1 else hs[0].clone()
+        premultiply(acc, red)
+        for h in hs[1:]:
+            reduce_into(acc, premultiply(h.clone(), red), red)
+        acc_flat = flat(acc)
+        algo.select("allreduce", comm.size, _nbytes(acc))(comm, acc_flat, red)
+        finish(acc, red, comm.size * len(hs))
+        for h, t in zip(hs, tensors):
+            if h is not acc:
+                h.copy_(acc)
+            writeback(t, h)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions | None = None, _sync: bool = False) -> Work:
+        tensors = ck.as_list(tensors)
+        opts = opts if opts is not None else AllreduceCoalescedOptions()
+        red = as_reduce_op(opts.reduceOp)
+        ck.check_non_empty("allreduce_coalesced", tensors)
+        for i, t in enumerate(tensors):
+            if t.dtype != tensors[0].dtype:
+                ck.fail("allreduce_coalesced", "tensors must all have the same type")
+            if t.layout != tensors[0].layout:
+                ck.fail("allreduce_coalesced", f"invalid tensor layout at index {i}")
+        ck.check_dense("allreduce_coalesced", tensors)
+        self._check_device(tensors, "allreduce_coalesced")
+        check_op(red, tensors[0].dtype, "allreduce_coalesced")
+
+        def run(comm: algo.Comm) -> None:
+            packed = torch.cat([t.detach().reshape(-1).cpu() for t in tensors]) if tensors else None
+            premultiply(packed, red)
+            algo.select("allreduce", comm.size, _nbytes(packed))(comm, packed, red)
+            finish(packed, red, comm.size)
+            offset = 0
+            for t in tensors:
+                n = t.numel()
+                t.detach().copy_(packed[offset:offset + n].view(t.shape))
+                offset += n
+
+        return self._submit("allreduce_coalesced", run, tensors, opts, _sync)
+
+    # -- broadcast / reduce ---------------------------------------------------------------
+    def broadcast(self, tensors: Any, opts: BroadcastOptions | None = None, root: int | None = None, _sync: bool = False) -> Work:
+        tensors = ck.as_list(tensors)
+        opts = opts if opts is not None else BroadcastOptions()
+        root_rank = opts.rootRank if root is None else root
+        ck.check_root_rank("broadcast", root_rank, self._size)
+        ck.check_root_tensor("broadcast", opts.rootTensor, len(tensors))
+        ck.check_same("broadcast", tensors)
+        root_tensor = opts.rootTensor
+
+        def run(comm: algo.Comm) -> None:
+            src = tensors[root_tensor] if comm.rank == root_rank else tensors[0]
+            h = host(src)
+            algo.select("broadcast", comm.size, _nbytes(h))(comm, flat(h), root_rank)
+            for t in tensors:
+                if t is src:
+                    writeback(t, h)
+                else:
+                    t.detach().copy_(h)
+
+        return self._submit("broadcast", run, tensors, opts, _sync)
+
+    def reduce(self, tensors: Any, opts: ReduceOptions | None = None, root: int | None = None, op: Any = None, _sync: bool = False) -> Work:
+        tensors = ck.as_list(tensors)
+        opts = opts if opts is not None else ReduceOptions()
+        root_rank = opts.rootRank if root is None else root
+        red = as_reduce_op(op if op is not None else opts.reduceOp)
+        ck.check_root_rank("reduce", root_rank, self._size)
+        ck.check_root_tensor("reduce", opts.rootTensor, len(tensors))
+        ck.check_single("reduce", tensors)
+        check_op(red, tensors[0].dtype, "reduce")
+
+        def run(comm: algo.Comm) -> None:
+            t = tensors[0]
+            h = host(t)
+            if comm.rank != root_rank and red.op == RedOpType.PREMUL_SUM:
+                h = h.clone()
+            premultiply(h, red)
+            algo.select("reduce", comm.size, _nbytes(h))(comm, flat(h), root_rank, red)
+            if comm.rank == root_rank:
+                finish(h, red, comm.size)
+                writeback(t, h)
+
+        return self._submit("reduce", run, tensors, opts, _sync)

@@ -1,0 +1,287 @@
+"""Gather-shaped collectives: all_gather, gather, scatter, reduce_scatter, all_to_all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import algorithms as algo
+from ..algorithms.reduce_ops import check_op, finish, premultiply
+from ..types import (
+    AllgatherOptions,
+    AllToAllOptions,
+    GatherOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+    as_reduce_op,
+)
+from . import checks as ck
+from .base import Engine
+from .staging import flat, host, writeback
+from .work import Work
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _gather_into(comm: algo.Comm, out: torch.Tensor, inp: torch.Tensor) -> None:
+    """All-gather ``inp`` of every rank into the contiguous ``out`` (n blocks)."""
+    blocks = list(flat(out).split(inp.numel())) if inp.numel() else [flat(out)[:0]] * comm.size
+    blocks[comm.rank].copy_(flat(host(inp)))
+    algo.select("allgather", comm.size, _nbytes(inp))(comm, blocks)
+
+
+def _reduce_scatter_into(comm: algo.Comm, out: torch.Tensor, inp: torch.Tensor, red: Any) -> None:
+    """Reduce-scatter the contiguous ``inp`` (n blocks) into ``out`` (one block)."""
+    n = out.numel()
+    blocks = list(flat(inp).split(n)) if n else [flat(inp)[:0]] * comm.size
+    algo.select("reduce_scatter", comm.size, _nbytes(out))(comm, blocks, flat(out), red)
+    finish(out, red, comm.size)
+
+
+class GatherOps(Engine):
+    # -- all_gather -----------------------------------------------------------------------
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: AllgatherOptions | None = None, _sync: bool = False) -> Work:
+        if isinstance(input_tensors, torch.Tensor):
+            input_tensors, output_tensors = [input_tensors], [list(output_tensors)]
+        inputs = list(input_tensors)
+        outputs = [list(o) for o in output_tensors]
+        ck.check_non_empty("allgather", inputs, "input tensor list")
+        if len(outputs) != len(inputs):
+            ck.fail("allgather", "requires input/output tensor lists to have the same length")
+        for out in outputs:
+            if len(out) != len(inputs) * self._size:
+                ck.fail("allgather", "invalid output tensor list")
+        ck.check_same("allgather", inputs)
+        for out in outputs:
+            ck.check_same("allgather", out, inputs[0])
+        k = len(inputs)
+        value = outputs[0] if len(outputs) == 1 else outputs
+
+        def run(comm: algo.Comm) -> None:
+            one = inputs[0].numel()
+            packed_in = torch.cat([flat(host(t)) for t in inputs]) if k > 1 else flat(host(inputs[0]))
+            packed_out = torch.empty(comm.size * k * one, dtype=inputs[0].dtype)
+            _gather_into(comm, packed_out, packed_in)
+            pieces = packed_out.view(comm.size * k, -1) if one else None
+            for out in outputs:
+                for i, t in enumerate(out):
+                    if one:
+                        t.detach().copy_(pieces[i].view(t.shape))
+
+        return self._submit("allgather", run, value, opts, _sync)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None, _sync: bool = False) -> Work:
+        if output.dtype != input.dtype:
+            ck.fail("allgather_into_tensor", "output tensor must have the same type as input tensor")
+        if output.numel() != input.numel() * self._size:
+            ck.fail("allgather_into_tensor", "output tensor size must be equal to world_size times input tensor size")
+
+        def run(comm: algo.Comm) -> None:
+            h = host(output)
+            _gather_into(comm, h, input)
+            writeback(output, h)
+
+        return self._submit("allgather_into_tensor", run, [output], opts, _sync)
+
+    allgather_into_tensor = _allgather_base
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: AllgatherOptions | None = None, _sync: bool = False) -> Work:
+        for o, i in zip(outputs, inputs):
+            if o.dtype != i.dtype or o.numel() != i.numel() * self._size:
+                ck.fail("allgather_into_tensor_coalesced", "output/input tensor mismatch")
+
+        def run(comm: algo.Comm) -> None:
+            for o, i in zip(outputs, inputs):
+                h = host(o)
+                _gather_into(comm, h, i)
+                writeback(o, h)
+
+        return self._submit("allgather_into_tensor_coalesced", run, list(outputs), opts, _sync)
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: AllgatherOptions | None = None, _sync: bool = False) -> Work:
+        if len(output_lists) != self._size:
+            ck.fail("allgather_coalesced", "output lists should be equal to world size")
+        for out in output_lists:
+            if len(out) != len(input_list):
+                ck.fail("allgather_coalesced", "invalid output tensor list")
+            for i, (o, t) in enumerate(zip(out, input_list)):
+                if o.numel() != t.numel():
+                    ck.fail("allgather_coalesced", f"invalid size of output tensor at index {i}")
+                if o.dtype != t.dtype:
+                    ck.fail("allgather_coalesced", f"invalid tensor type at index {i}")
+
+        def run(comm: algo.Comm) -> None:
+            for i, t in enumerate(input_list):
+                packed = torch.empty(comm.size * t.numel(), dtype=t.dtype)
+                _gather_into(comm, packed, t)
+                for r, out in enumerate(output_lists):
+                    out[i].detach().copy_(packed[r * t.numel():(r + 1) * t.numel()].view(out[i].shape))
+
+        return self._submit("allgather_coalesced", run, output_lists, opts, _sync)
+
+    # -- gather / scatter -------------------------------------------------------------------
+    def gather(self, output_tensors: Any, input_tensors: Any, opts: GatherOptions | None = None, root: int | None = None, _sync: bool = False) -> Work:
+        opts = opts if opts is not None else GatherOptions()
+        root_rank = opts.rootRank if root is None else root
+        if isinstance(input_tensors, torch.Tensor):
+            input_tensors = [input_tensors]
+            output_tensors = [list(output_tensors)] if output_tensors else []
+        ck.check_root_rank("gather", root_rank, self._size)
+        ck.check_single("gather", input_tensors, "input list")
+        inp = input_tensors[0]
+        if self._rank == root_rank:
+            ck.check_single("gather", output_tensors, "output list")
+            outs = list(output_tensors[0])
+            if len(outs) != self._size:
+                ck.fail("gather", "requires a tensor list of world size on the root")
+            ck.check_same("gather", outs, inp)
+        elif output_tensors:
+            ck.fail("gather", "requires empty output on non-root")
+        else:
+            outs = None
+        value = outs if outs is not None else []
+
+        def run(comm: algo.Comm) -> None:
+            houts = [host(o) for o in outs] if outs is not None else None
+            algo.gather_direct(comm, host(inp), houts, root_rank)
+            if outs is not None:
+                for o, h in zip(outs, houts):
+                    writeback(o, h)
+
+        return self._submit("gather", run, value, opts, _sync)
+
+    def scatter(self, output_tensors: Any, input_tensors: Any, opts: ScatterOptions | None = None, root: int | None = None, _sync: bool = False) -> Work:
+        opts = opts if opts is not None else ScatterOptions()
+        root_rank = opts.rootRank if root is None else root
+        if isinstance(output_tensors, torch.Tensor):
+            output_tensors = [output_tensors]
+            input_tensors = [list(input_tensors)] if input_tensors else []
+        ck.check_root_rank("scatter", root_rank, self._size)
+        ck.check_single("scatter", output_tensors, "output list")
+        out = output_tensors[0]
+        if self._rank == root_rank:
+            ck.check_single("scatter", input_tensors, "input list")
+            ins = list(input_tensors[0])
+            if len(ins) != self._size:
+                ck.fail("scatter", "requires a tensor list of world size on the root")
+            ck.check_same("scatter", ins, out)
+        elif input_tensors:
+            ck.fail("scatter", "requires empty input on non-root")
+        else:
+            ins = None
+
+        def run(comm: algo.Comm) -> None:
+            h = host(out)
+            algo.scatter_direct(comm, [host(i) for i in ins] if ins is not None else None, h, root_rank)
+            writeback(out, h)
+
+        return self._submit("scatter", run, list(output_tensors), opts, _sync)
+
+    # -- reduce_scatter ---------------------------------------------------------------------
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: ReduceScatterOptions | None = None, op: Any = None, _sync: bool = False) -> Work:
+        if isinstance(output_tensors, torch.Tensor):
+            output_tensors, input_tensors = [output_tensors], [list(input_tensors)]
+        opts = opts if opts is not None else ReduceScatterOptions()
+        red = as_reduce_op(op if op is not None else opts.reduceOp)
+        ck.check_single("reduce_scatter", output_tensors, "output list")
+        ck.check_single("reduce_scatter", input_tensors, "input list")
+        out, ins = output_tensors[0], list(input_tensors[0])
+        if len(ins) != self._size:
+            ck.fail("reduce_scatter", "requires a tensor list of world size")
+        ck.check_same("reduce_scatter", ins, out)
+        check_op(red, out.dtype, "reduce_scatter")
+
+        def run(comm: algo.Comm) -> None:
+            blocks = [flat(host(i)).clone() if red.op.name == "PREMUL_SUM" else flat(host(i)) for i in ins]
+            for b in blocks:
+                premultiply(b, red)
+            h = host(out)
+            algo.select("reduce_scatter", comm.size, _nbytes(h))(comm, blocks, flat(h), red)
+            finish(h, red, comm.size)
+            writeback(out, h)
+
+        return self._submit("reduce_scatter", run, [out], opts, _sync)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None, op: Any = None, _sync: bool = False) -> Work:
+        opts = opts if opts is not None else ReduceScatterOptions()
+        red = as_reduce_op(op if op is not None else opts.reduceOp)
+        if output.dtype != input.dtype:
+            ck.fail("reduce_scatter_tensor", "input tensor must have the same type as output tensor")
+        if input.numel() != output.numel() * self._size:
+            ck.fail("reduce_scatter_tensor", "input tensor must be the same size as output size times world size")
+        check_op(red, output.dtype, "reduce_scatter_tensor")
+
+        def run(comm: algo.Comm) -> None:
+            self._rs_one(comm, output, input, red)
+
+        return self._submit("reduce_scatter_tensor", run, [output], opts, _sync)
+
+    reduce_scatter_tensor = _reduce_scatter_base
+
+    def _rs_one(self, comm: algo.Comm, output: torch.Tensor, input: torch.Tensor, red: Any) -> None:
+        hin = host(input)
+        if red.op.name == "PREMUL_SUM":
+            hin = premultiply(hin.clone(), red)
+        h = host(output)
+        _reduce_scatter_into(comm, h, hin, red)
+        writeback(output, h)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: ReduceScatterOptions | None = None, _sync: bool = False) -> Work:
+        opts = opts if opts is not None else ReduceScatterOptions()
+        red = as_reduce_op(opts.reduceOp)
+        for o, i in zip(outputs, inputs):
+            if o.dtype != i.dtype or i.numel() != o.numel() * self._size:
+                ck.fail("reduce_scatter_tensor_coalesced", "output/input tensor mismatch")
+
+        def run(comm: algo.Comm) -> None:
+            for o, i in zip(outputs, inputs):
+                self._rs_one(comm, o, i, red)
+
+        return self._submit("reduce_scatter_tensor_coalesced", run, list(outputs), opts, _sync)
+
+    # -- all_to_all -------------------------------------------------------------------------
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None, input_split_sizes: list[int] | None, opts: AllToAllOptions | None = None, _sync: bool = False) -> Work:
+        n = self._size
+        if output.dtype != input.dtype:
+            ck.fail("alltoall_base", f"tensors with different dtypes: output {output.dtype}, input {input.dtype}")
+        in_splits = self._splits("alltoall_base", input, input_split_sizes, "input")
+        out_splits = self._splits("alltoall_base", output, output_split_sizes, "output")
+
+        def run(comm: algo.Comm) -> None:
+            hin, hout = host(input), host(output)
+            ins = list(hin.split(in_splits)) if hin.dim() else [hin.view(-1)] * n
+            outs = list(hout.split(out_splits)) if hout.dim() else [hout.view(-1)] * n
+            algo.alltoall_pairwise(comm, ins, outs)
+            writeback(output, hout)
+
+        return self._submit("alltoall_base", run, [output], opts, _sync)
+
+    def _splits(self, opname: str, t: torch.Tensor, sizes: list[int] | None, what: str) -> list[int]:
+        n = self._size
+        rows = t.shape[0] if t.dim() else 1
+        if not sizes:
+            if rows % n:
+                ck.fail(opname, f"{what} tensor dim 0 ({rows}) is not divisible by world size {n}")
+            return [rows // n] * n
+        sizes = [int(s) for s in sizes]
+        if len(sizes) != n or sum(sizes) != rows:
+            ck.fail(opname, f"{what} split sizes {sizes} do not match world size {n} and dim 0 ({rows})")
+        return sizes
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: AllToAllOptions | None = None, _sync: bool = False) -> Work:
+        if len(output_tensors) != self._size or len(input_tensors) != self._size:
+            ck.fail("alltoall", "requires tensor lists of world size")
+        for t in list(output_tensors) + list(input_tensors):
+            if t.dtype != input_tensors[0].dtype:
+                ck.fail("alltoall", "tensors with different dtypes")
+
+        def run(comm: algo.Comm) -> None:
+            hout = [host(o) for o in output_tensors]
+            algo.alltoall_pairwise(comm, [host(i) for i in input_tensors], hout)
+            for o, h in zip(output_tensors, hout):
+                writeback(o, h)
+
+        return self._submit("alltoall", run, list(output_tensors), opts, _sync)

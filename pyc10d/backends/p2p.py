@@ -1,0 +1,134 @@
+"""Point-to-point operations and barriers.
+
+``send`` and ``recv`` do not go through the group's ordered queue: like torch's Gloo they
+run beside collectives, so a posted receive never blocks a later collective. Messages
+match per (peer, tag) in FIFO order on their own channel.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from .. import algorithms as algo
+from ..errors import DistBackendError, DistTimeoutError
+from ..types import BarrierOptions
+from . import checks as ck
+from .base import Engine
+from .staging import host, writeback
+from .work import CompletedWork, Work
+
+
+class RecvWork(Work):
+    """Completes when the posted receive has its data; copies back if the tensor was staged."""
+
+    def __init__(self, pending: algo.comm.PendingRecv, dst: torch.Tensor, staged: torch.Tensor, src: int) -> None:
+        super().__init__("recv", [dst])
+        self._pending = pending
+        self._dst, self._staged = dst, staged
+        self._source_rank = src
+        self._settle_lock = threading.Lock()
+
+    def _resolve(self, timeout: float | None) -> None:
+        with self._settle_lock:
+            if self._done.is_set():
+                return
+            try:
+                self._pending.comm.deadline = float("inf") if timeout is None else _now() + timeout
+                self._pending.wait()
+                writeback(self._dst, self._staged)
+                self._finish(None)
+            except DistTimeoutError:
+                raise
+            except BaseException as e:  # noqa: BLE001
+                self._finish(e)
+
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        self._resolve(secs if secs and secs > 0 else self._pending.comm.timeout)
+        return super().wait()
+
+    def is_completed(self) -> bool:
+        if not self._done.is_set() and self._pending.handle.done():
+            self._resolve(None)
+        return self._done.is_set()
+
+    def get_future(self) -> torch.futures.Future:
+        fut = super().get_future()
+        if not self._done.is_set():
+            threading.Thread(target=self._resolve_quietly, daemon=True).start()
+        return fut
+
+    def _resolve_quietly(self) -> None:
+        try:
+            self._resolve(self._pending.comm.timeout)
+        except BaseException as e:  # noqa: BLE001
+            self._finish(e)
+
+
+def _now() -> float:
+    import time
+
+    return time.monotonic()
+
+
+class P2POps(Engine):
+    def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Work:  # noqa: N803
+        t = ck.as_list(tensors)
+        ck.check_single("send", t)
+        if not 0 <= dstRank < self._size or dstRank == self._rank:
+            raise ValueError(f"send: invalid destination rank {dstRank} (group size {self._size}, rank {self._rank})")
+        comm = self._p2p_comm("send")
+        comm.channel = self._p2p_channel(tag)
+        comm.send(dstRank, host(t[0]))
+        return CompletedWork("send", t)
+
+    def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Work:  # noqa: N803
+        t = ck.as_list(tensors)
+        ck.check_single("recv", t)
+        if not 0 <= srcRank < self._size or srcRank == self._rank:
+            raise ValueError(f"recv: invalid source rank {srcRank} (group size {self._size}, rank {self._rank})")
+        comm = self._p2p_comm("recv")
+        comm.channel = self._p2p_channel(tag)
+        staged = host(t[0])
+        return RecvWork(comm.irecv(srcRank, staged), t[0], staged, srcRank)
+
+    def recv_anysource(self, tensors: Any, tag: int = 0) -> Work:
+        raise NotImplementedError("recv from any source is not supported by pyc10d; pass src=")
+
+    def barrier(self, opts: BarrierOptions | None = None, _sync: bool = False) -> Work:
+        return self._submit("barrier", algo.barrier_direct, [], opts, _sync)
+
+    def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
+        """Rank 0 collects a token from every rank, then releases them; names the missing ranks."""
+        secs = timeout.total_seconds() if timeout is not None else self.timeout_s
+        opts = BarrierOptions(timeout=timedelta(seconds=secs))
+
+        def run(comm: algo.Comm) -> None:
+            token = torch.zeros(1, dtype=torch.uint8)
+            if comm.rank != 0:
+                comm.send(0, token)
+                comm.recv(0, token)
+                return
+            missing = []
+            pending = {p: comm.irecv(p, torch.empty(1, dtype=torch.uint8)) for p in range(1, comm.size)}
+            for p, pr in pending.items():
+                try:
+                    pr.wait()
+                except DistTimeoutError:
+                    missing.append(p)
+                    if not wait_all_ranks:
+                        break
+            if missing:
+                which = ", ".join(str(p) for p in missing)
+                raise DistBackendError(
+                    f"monitored_barrier: rank{'s' if len(missing) > 1 else ''} {which} failed to pass "
+                    f"monitoredBarrier in {int(secs * 1000)} ms"
+                )
+            for p in range(1, comm.size):
+                comm.send(p, token)
+
+        self._submit("monitored_barrier", run, [], opts, True).wait()

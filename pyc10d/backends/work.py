@@ -1,0 +1,95 @@
+"""``Work``: the handle an operation returns, and its ``torch.futures.Future``.
+
+A Work completes exactly once, with the operation's output tensors or its error. ``wait``
+re-raises the error on the caller's thread, so a failure on the progress thread is never lost.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from ..errors import DistTimeoutError
+
+
+class Work:
+    """Handle of one (possibly asynchronous) operation."""
+
+    def __init__(self, opname: str, outputs: Any = None, seq: int = -1) -> None:
+        self.opname = opname
+        self._outputs = outputs
+        self.seq = seq
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._future: torch.futures.Future | None = None
+        self._lock = threading.Lock()
+        self._source_rank = -1
+
+    # -- completion (called by the backend) -----------------------------------------------
+    def _finish(self, error: BaseException | None = None) -> None:
+        with self._lock:
+            self._error = error
+            self._done.set()
+            fut = self._future
+        if fut is not None:
+            self._settle(fut)
+
+    def _settle(self, fut: torch.futures.Future) -> None:
+        if self._error is not None:
+            fut.set_exception(self._error)
+        else:
+            fut.set_result(self._outputs)
+
+    # -- torch's Work API ------------------------------------------------------------------
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if secs is not None and secs <= 0:
+            secs = None
+        if not self._done.wait(secs):
+            raise DistTimeoutError(f"{self.opname}: Work.wait timed out after {secs:.1f}s")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        out = self._outputs
+        return out if isinstance(out, list) else [out] if out is not None else []
+
+    def source_rank(self) -> int:
+        return self._source_rank
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        with self._lock:
+            if self._future is None:
+                self._future = torch.futures.Future()
+                if self._done.is_set():
+                    self._settle(self._future)
+            return self._future
+
+    def __repr__(self) -> str:
+        state = "done" if self.is_completed() else "pending"
+        return f"<Work {self.opname} seq={self.seq} {state}>"
+
+
+class CompletedWork(Work):
+    """A Work that is already done (non-members' calls, world size 1, fake backends)."""
+
+    def __init__(self, opname: str = "noop", outputs: Any = None) -> None:
+        super().__init__(opname, outputs)
+        self._finish()

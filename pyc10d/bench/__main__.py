@@ -1,0 +1,168 @@
+"""Driver: ``python -m pyc10d.bench [options]`` (``--help`` lists them).
+
+For each backend and world size it launches one job of ``world_size`` ranks on 127.0.0.1
+(through ``pyc10d.run``, on a fresh free port), collects rank 0's records, then prints the
+tables, writes ``<out>/bench-<time>.json`` and ``.png`` (and copies named ``latest.*``), and
+prints the single-process memcpy bandwidth as the physical bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pyc10d.bench import metrics, report
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def memcpy_bandwidth(nbytes: int = 64 * metrics.MIB, threads: int = 1, reps: int = 10
+                     ) -> dict[str, Any]:
+    """GB/s of ``dst.copy_(src)`` on ``nbytes`` (bytes copied / time, best of ``reps``)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        src = torch.ones(nbytes // 4)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(old)
+    return {"kind": "memcpy", "bytes": nbytes, "threads": threads, "seconds": best,
+            "GBps": nbytes / best / 1e9}
+
+
+def run_job(backend: str, world_size: int, ops: list[str], sizes: list[int], iters: int,
+            timeout: float, workdir: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """One job: ``world_size`` ranks of ``backend``; returns (records, error or None)."""
+    out = workdir / f"{backend}-{world_size}.json"
+    cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", str(world_size),
+           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+           "--term-timeout", "3", "-m", "pyc10d.bench.worker", "--backend", backend,
+           "--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes)),
+           "--iters", str(iters), "--out", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the launcher stops its ranks
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return [], f"timed out after {timeout:.0f} s"
+    except BaseException:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait()
+        raise
+    if code != 0 or not out.exists():
+        return [], f"exit code {code}"
+    return report.read_json(out), None
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    def csv(text: str) -> list[str]:
+        return [s.strip() for s in text.split(",") if s.strip()]
+
+    p = argparse.ArgumentParser(prog="python -m pyc10d.bench",
+                                description="nccl-tests style collective benchmarks.")
+    p.add_argument("--backends", type=csv, default=["pyc10d-tcp", "gloo"],
+                   help="pyc10d-<name> (pyc10d backend), gloo or torch-<name> "
+                   "(torch.distributed); default pyc10d-tcp,gloo")
+    p.add_argument("--ops", type=csv, default=metrics.DEFAULT_OPS,
+                   help=f"some of {','.join(metrics.OPS)}; default all but reduce")
+    p.add_argument("--world-sizes", type=lambda s: [int(x) for x in csv(s)], default=[2, 4])
+    p.add_argument("--min-bytes", type=metrics.parse_size, default=8)
+    p.add_argument("--max-bytes", type=metrics.parse_size, default=64 * metrics.MIB)
+    p.add_argument("--step", type=int, default=4, help="size multiplier (default 4)")
+    p.add_argument("--iters", type=int, default=30,
+                   help="timed iterations up to 1 MiB, scaled down above (min 3)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per job (default 900)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--name", help="file name stem (default bench-<date>-<time>)")
+    p.add_argument("--from-json", type=Path, metavar="FILE",
+                   help="only re-print the tables and re-draw the plot of a saved run")
+    args = p.parse_args(argv)
+    args.ops = [metrics.ALIASES.get(op, op) for op in args.ops]
+    bad = [op for op in args.ops if op not in metrics.BUS_FACTOR]
+    if bad:
+        p.error(f"unknown op(s) {','.join(bad)}; known: {','.join(metrics.OPS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every job, then report; exit 1 if some job failed or gave a wrong result."""
+    args = parse_args(argv)
+    if args.from_json:
+        records = report.read_json(args.from_json)
+        report.print_report(records)
+        png = args.from_json.with_suffix(".png")
+        if report.plot(records, png):
+            print(f"\nplot: {png}")
+        return 0
+    sizes = metrics.size_grid(args.min_bytes, args.max_bytes, args.step)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    records: list[dict[str, Any]] = [{
+        "kind": "meta", "time": stamp, "argv": sys.argv[1:], "python": platform.python_version(),
+        "platform": platform.platform(), "cpus": os.cpu_count(), "sizes": sizes,
+    }]
+    mem = memcpy_bandwidth()
+    print(f"memcpy bound: torch copy_ of {metrics.format_size(mem['bytes'])}, 1 thread: "
+          f"{mem['GBps']:.2f} GB/s", flush=True)
+    records.append(mem)
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="pyc10d-bench-") as tmp:
+        for backend in args.backends:
+            for ws in args.world_sizes:
+                print(f"== {backend}, world size {ws} ==", flush=True)
+                t0 = time.monotonic()
+                recs, err = run_job(backend, ws, args.ops, sizes, args.iters, args.timeout,
+                                    Path(tmp))
+                if err:
+                    failed = True
+                    print(f"   {backend} world size {ws} FAILED: {err}", flush=True)
+                    records.append({"kind": "failure", "backend": backend, "world_size": ws,
+                                    "error": err})
+                else:
+                    print(f"   done in {time.monotonic() - t0:.1f} s", flush=True)
+                records += recs
+    report.print_report(records)
+    failed = failed or any(not r.get("correct", True) for r in report.collectives(records))
+    stem = args.out / (args.name or f"bench-{stamp}")
+    report.write_json(records, stem.with_suffix(".json"))
+    outputs = [stem.with_suffix(".json")]
+    if report.plot(records, stem.with_suffix(".png")):
+        outputs.append(stem.with_suffix(".png"))
+    for path in outputs:
+        if path.name != f"latest{path.suffix}":
+            shutil.copyfile(path, path.with_name(f"latest{path.suffix}"))
+    print("\nwrote " + ", ".join(map(str, outputs)) + " (and latest.* copies)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Sizes, iteration counts and bandwidth formulas shared by the driver, workers and report.
+
+Bandwidths follow nccl-tests (``doc/PERFORMANCE.md`` there):
+
+* ``algbw = size / time`` where ``size`` is the op's full message: the buffer of
+  ``all_reduce``/``broadcast``/``reduce``, the *output* of ``all_gather`` (all ranks' parts),
+  the *input* of ``reduce_scatter`` and the whole per-rank buffer of ``all_to_all``;
+* ``busbw = algbw * factor(n)`` with ``factor`` = ``2(n-1)/n`` for ``all_reduce``,
+  ``(n-1)/n`` for ``all_gather``, ``reduce_scatter`` and ``all_to_all``, ``1`` for
+  ``broadcast`` and ``reduce``.
+
+GB/s are decimal (1e9 bytes per second), as in nccl-tests.
+"""
+
+from __future__ import annotations
+
+import re
+
+DTYPE_BYTES = 4  # float32
+MIB = 1 << 20
+
+# op name -> bus bandwidth factor as a function of the world size n
+BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather_into_tensor": lambda n: (n - 1) / n,
+    "reduce_scatter_tensor": lambda n: (n - 1) / n,
+    "all_to_all_single": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+}
+OPS = list(BUS_FACTOR)
+DEFAULT_OPS = ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
+               "all_to_all_single"]
+ALIASES = {"allreduce": "all_reduce", "all_gather": "all_gather_into_tensor",
+           "allgather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
+           "reducescatter": "reduce_scatter_tensor", "all_to_all": "all_to_all_single",
+           "alltoall": "all_to_all_single"}
+# ops whose message is split into n equal parts: the element count must divide by n
+SPLIT_OPS = {"all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"}
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": MIB, "MB": MIB,
+          "MIB": MIB, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``'8'`` -> 8, ``'64M'``/``'64MiB'`` -> 67108864 (binary units)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise ValueError(f"bad size {text!r}: use e.g. 8, 4K, 64M, 1G")
+    return int(m.group(1)) * _UNITS[m.group(2).upper()]
+
+
+def format_size(nbytes: int) -> str:
+    """``67108864`` -> ``'64MiB'``, ``8`` -> ``'8B'``."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}B"
+
+
+def size_grid(min_bytes: int, max_bytes: int, step: int = 4) -> list[int]:
+    """``min, min*step, ...`` up to ``max`` (``max`` itself included)."""
+    if min_bytes < 1 or max_bytes < min_bytes or step < 2:
+        raise ValueError("need 1 <= min-bytes <= max-bytes and step >= 2")
+    sizes, s = [], min_bytes
+    while s < max_bytes:
+        sizes.append(s)
+        s *= step
+    sizes.append(max_bytes)
+    return sizes
+
+
+def element_count(op: str, nbytes: int, world_size: int) -> int:
+    """float32 elements of the op's full message: ``nbytes`` rounded to what the op allows."""
+    count = max(1, nbytes // DTYPE_BYTES)
+    if op in SPLIT_OPS:
+        count = max(world_size, count // world_size * world_size)
+    return count
+
+
+def iterations(nbytes: int, max_iters: int, min_iters: int = 3) -> tuple[int, int]:
+    """(warm-up, timed) iterations: ``max_iters`` up to 1 MiB, then fewer as size grows."""
+    if nbytes <= MIB:
+        return 5, max_iters
+    return 1, max(min_iters, max_iters * MIB // nbytes)
+
+
+def bandwidths(op: str, nbytes: int, seconds: float, world_size: int) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s for one op of ``nbytes`` taking ``seconds``."""
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else float("nan")
+    return algbw, algbw * BUS_FACTOR[op](world_size)

@@ -1,0 +1,143 @@
+"""Turning benchmark records into tables, a JSON file and a plot.
+
+A record is a dict. ``kind == "collective"`` records carry ``backend, op, world_size, bytes,
+time_us, algbw_GBps, busbw_GBps`` (see :mod:`pyc10d.bench.worker`); one ``kind == "memcpy"``
+record carries the single-process copy bandwidth ``GBps``; ``kind == "meta"`` describes the
+run; ``kind == "failure"`` notes a job that gave no results.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pyc10d.bench.metrics import format_size
+
+Record = dict[str, Any]
+REFERENCE = "gloo"
+
+
+def _fmt(x: float | None, spec: str = ".3g") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return format(x, spec)
+
+
+def _render(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    rows = [list(r) for r in rows]
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def collectives(records: Iterable[Record]) -> list[Record]:
+    return [r for r in records if r.get("kind") == "collective"]
+
+
+def _ordered(values: Iterable[Any]) -> list[Any]:
+    return list(dict.fromkeys(values))
+
+
+def table(records: Sequence[Record], op: str, world_size: int,
+          backends: Sequence[str]) -> str:
+    """One op x world size: size, then latency/algbw/busbw per backend, then busbw ratios."""
+    by_key = {(r["backend"], r["bytes"]): r for r in records
+              if r["op"] == op and r["world_size"] == world_size}
+    sizes = sorted({b for _, b in by_key})
+    ratio_of = [b for b in backends if b.startswith("pyc10d-")] if REFERENCE in backends else []
+    header = ["size"]
+    for b in backends:
+        header += [f"{b} us", "algbw", "busbw"]
+    header += [f"{b}/{REFERENCE}" for b in ratio_of]
+    rows = []
+    for size in sizes:
+        row = [format_size(size)]
+        for b in backends:
+            r = by_key.get((b, size))
+            lat = r and r["time_us"]
+            row += [_fmt(lat, ".1f"), _fmt(r and r["algbw_GBps"]), _fmt(r and r["busbw_GBps"])]
+            if r is not None and not r.get("correct", True):
+                row[-1] += "!"
+        ref = by_key.get((REFERENCE, size))
+        for b in ratio_of:
+            r = by_key.get((b, size))
+            ok = r and ref and ref["busbw_GBps"] > 0
+            row.append(_fmt(r["busbw_GBps"] / ref["busbw_GBps"], ".2f") if ok else "-")
+        rows.append(row)
+    title = (f"{op}, world size {world_size}  (us = median latency; algbw, busbw in GB/s; "
+             f"ratio = busbw / {REFERENCE}'s)")
+    return title + "\n" + _render(header, rows)
+
+
+def print_report(records: Sequence[Record]) -> None:
+    """Every op x world size table, then the memcpy bound and any failures."""
+    coll = collectives(records)
+    backends = _ordered(r["backend"] for r in coll)
+    for op in _ordered(r["op"] for r in coll):
+        for ws in sorted({r["world_size"] for r in coll if r["op"] == op}):
+            print("\n" + table(coll, op, ws, backends))
+    if any(not r.get("correct", True) for r in coll):
+        print("\n'!' marks a size whose first result was WRONG on some rank.")
+    for r in records:
+        if r.get("kind") == "memcpy":
+            print(f"\nmemcpy bound: torch copy_ of {format_size(r['bytes'])} in one process, "
+                  f"{r['threads']} thread(s): {r['GBps']:.2f} GB/s")
+        elif r.get("kind") == "failure":
+            print(f"\nFAILED: {r['backend']} world size {r['world_size']}: {r['error']}")
+
+
+def write_json(records: Sequence[Record], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(list(records), indent=1) + "\n")
+
+
+def read_json(path: Path) -> list[Record]:
+    return list(json.loads(path.read_text()))
+
+
+def plot(records: Sequence[Record], path: Path) -> bool:
+    """busbw vs size (log-log), one subplot per op x world size; False if nothing to plot."""
+    coll = [r for r in collectives(records) if r["busbw_GBps"] > 0]
+    if not coll:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = _ordered(r["op"] for r in coll)
+    sizes = sorted({r["world_size"] for r in coll})
+    backends = _ordered(r["backend"] for r in coll)
+    memcpy = [r["GBps"] for r in records if r.get("kind") == "memcpy"]
+    fig, axes = plt.subplots(len(ops), len(sizes), figsize=(5.2 * len(sizes), 3.4 * len(ops)),
+                             squeeze=False, sharex=True)
+    for i, op in enumerate(ops):
+        for j, ws in enumerate(sizes):
+            ax = axes[i][j]
+            for b in backends:
+                pts = sorted((r["bytes"], r["busbw_GBps"]) for r in coll
+                             if r["op"] == op and r["world_size"] == ws and r["backend"] == b)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", markersize=3, label=b)
+            if memcpy:
+                ax.axhline(memcpy[0], color="gray", linestyle="--", linewidth=1,
+                           label="memcpy (1 proc)")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{op}, n={ws}", fontsize=10)
+            ax.grid(True, which="both", alpha=0.3)
+            if j == 0:
+                ax.set_ylabel("busbw (GB/s)")
+            if i == len(ops) - 1:
+                ax.set_xlabel("message size (bytes)")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True

@@ -1,0 +1,317 @@
+"""Initialisation and groups: ``init_process_group``, ``new_group``, rank queries, ``destroy``."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import warnings
+from datetime import timedelta
+from typing import Any
+
+from .backends import Backend as Engine
+from .backends import Options
+from .process_group import Backend, ProcessGroup, make_engine
+from .rendezvous import rendezvous
+from .store import PrefixStore, Store
+from .types import DEFAULT_TIMEOUT
+from .world import GroupMember, NonGroupMember, current_world
+
+__all__ = [
+    "init_process_group", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
+    "get_backend", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
+    "get_process_group_ranks", "get_group_rank", "get_global_rank", "_get_default_group",
+    "_get_default_store", "_rank_not_in_group", "is_available", "is_gloo_available",
+    "is_nccl_available", "is_mpi_available", "is_torchelastic_launched", "get_pg_count",
+]
+
+
+def is_available() -> bool:
+    return True
+
+
+def is_gloo_available() -> bool:
+    return True
+
+
+def is_nccl_available() -> bool:
+    return False
+
+
+def is_mpi_available() -> bool:
+    return False
+
+
+def is_ucc_available() -> bool:
+    return False
+
+
+def is_torchelastic_launched() -> bool:
+    return os.environ.get("TORCHELASTIC_RUN_ID") is not None
+
+
+def is_initialized() -> bool:
+    return current_world().default_pg is not None
+
+
+def _get_default_group() -> ProcessGroup:
+    pg = current_world().default_pg
+    if pg is None:
+        raise ValueError(
+            "Default process group has not been initialized, please make sure to call init_process_group."
+        )
+    return pg
+
+
+def _get_default_store() -> Store:
+    _get_default_group()
+    return current_world().default_store
+
+
+def _as_timeout(timeout: Any) -> timedelta:
+    if timeout is None:
+        return DEFAULT_TIMEOUT
+    if isinstance(timeout, (int, float)):
+        return timedelta(seconds=timeout)
+    if not isinstance(timeout, timedelta):
+        raise TypeError(f"Expected timeout argument to be of type datetime.timedelta, got {type(timeout)}")
+    return timeout
+
+
+def init_process_group(
+    backend: str | None = None,
+    init_method: str | None = None,
+    timeout: timedelta | None = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: Store | None = None,
+    group_name: str = "",
+    pg_options: Any = None,
+    device_id: Any = None,
+) -> None:
+    """Create the default group: rendezvous, then connect every rank (``backend`` tcp/gloo/...)."""
+    world = current_world()
+    if world.default_pg is not None:
+        raise ValueError("trying to initialize the default process group twice!")
+    if store is not None and init_method is not None:
+        raise ValueError("Cannot specify both init_method and store.")
+    timeout = _as_timeout(timeout if timeout is not None else getattr(pg_options, "_timeout", None))
+    if store is not None:
+        if world_size <= 0:
+            raise ValueError("world_size must be positive if using store")
+        if rank < 0:
+            raise ValueError("rank must be non-negative if using store")
+    else:
+        store, rank, world_size = rendezvous(init_method or "env://", rank, world_size, timeout)
+        store.set_timeout(timeout)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"init_process_group: rank {rank} is out of range for world_size {world_size}")
+    name = group_name or "0"
+    backend_name = str(backend).lower() if backend else "tcp"
+    engine = make_engine(backend_name, PrefixStore(f"{name}/", store), rank, world_size, timeout, name)
+    pg = engine if isinstance(engine, ProcessGroup) else ProcessGroup(
+        engine, rank, world_size, name, list(range(world_size)), backend_name
+    )
+    world.default_pg = pg
+    world.default_store = store
+    world.backend_name = backend_name
+    world.timeout = timeout
+    world.group_count = 1
+    world.register(pg, name, list(range(world_size)), backend_name, "ptd:" + name)
+
+
+def _hashed_name(ranks: list[int]) -> str:
+    world = current_world()
+    name = hashlib.sha1("_".join(map(str, ranks)).encode()).hexdigest()
+    while name in world.pg_names.values():
+        name = hashlib.sha1((name + "_").encode()).hexdigest()
+    return name
+
+
+def new_group(
+    ranks: list[int] | None = None,
+    timeout: timedelta | None = None,
+    backend: str | None = None,
+    pg_options: Any = None,
+    use_local_synchronization: bool = False,
+    group_desc: str | None = None,
+    device_id: Any = None,
+) -> Any:
+    """A group of some ranks of the world. Every rank calls it, unless ``use_local_synchronization``."""
+    return _new_group_with_tag(ranks, timeout, backend, pg_options, None, use_local_synchronization, group_desc)
+
+
+def _new_group_with_tag(
+    ranks: list[int] | None = None,
+    timeout: timedelta | None = None,
+    backend: str | None = None,
+    pg_options: Any = None,
+    pg_tag: str | None = None,
+    use_local_synchronization: bool = False,
+    group_desc: str | None = None,
+) -> Any:
+    world = current_world()
+    default = _get_default_group()
+    world_size, global_rank = default.size(), default.rank()
+    ranks = sorted(ranks) if ranks else list(range(world_size))
+    for r in ranks:
+        if r < 0 or r >= world_size:
+            raise ValueError(f"new_group: invalid rank {r}: ranks must be in [0, {world_size})")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"new_group: duplicate ranks in {ranks}")
+    if use_local_synchronization:
+        if global_rank not in ranks:
+            return None
+        name = _hashed_name(ranks)
+    else:
+        name = str(world.group_count)
+        world.group_count += 1
+    if timeout is None:
+        timeout = getattr(pg_options, "_timeout", None) or world.timeout
+    timeout = _as_timeout(timeout)
+    backend_name = str(backend).lower() if backend else world.backend_name
+    tag = pg_tag or f"ptd:{name}"
+    if global_rank not in ranks:
+        sentinel = NonGroupMember()
+        world.register(sentinel, name, ranks, backend_name, tag)
+        return GroupMember.NON_GROUP_MEMBER if not ranks else sentinel
+    group_rank = ranks.index(global_rank)
+    world_engine = default._get_backend()
+    if isinstance(world_engine, Engine) and Backend.resolve(backend_name) == Backend.resolve(world.backend_name):
+        options = Options(timeout)
+        engine = type(world_engine)(world_engine.transport, ranks, group_rank, name, options)
+    else:
+        engine = make_engine(backend_name, PrefixStore(f"{name}/", world.default_store), group_rank,
+                             len(ranks), timeout, name)
+    if pg_options is not None and hasattr(engine, "options"):
+        engine.options = pg_options
+        engine.options._timeout = timeout
+    pg = engine if isinstance(engine, ProcessGroup) else ProcessGroup(
+        engine, group_rank, len(ranks), name, ranks, backend_name
+    )
+    if group_desc:
+        pg.group_desc = group_desc
+    world.register(pg, name, ranks, backend_name, tag)
+    return pg
+
+
+def new_subgroups(
+    group_size: int | None = None,
+    group: ProcessGroup | None = None,
+    timeout: timedelta | None = None,
+    backend: str | None = None,
+    pg_options: Any = None,
+    group_desc: str | None = None,
+) -> tuple[Any, list[Any]]:
+    """Split the world into consecutive groups of ``group_size``; return (mine, all)."""
+    world_size = get_world_size()
+    group_size = group_size or world_size
+    if group_size <= 0 or world_size % group_size:
+        raise ValueError(f"new_subgroups: world size {world_size} is not divisible by group_size {group_size}")
+    ranks_per = [list(range(s, s + group_size)) for s in range(0, world_size, group_size)]
+    return new_subgroups_by_enumeration(ranks_per, timeout, backend, pg_options, group_desc)
+
+
+def new_subgroups_by_enumeration(
+    ranks_per_subgroup_list: list[list[int]],
+    timeout: timedelta | None = None,
+    backend: str | None = None,
+    pg_options: Any = None,
+    group_desc: str | None = None,
+) -> tuple[Any, list[Any]]:
+    me = get_rank()
+    subgroups, mine = [], None
+    for ranks in ranks_per_subgroup_list:
+        g = new_group(ranks, timeout=timeout, backend=backend, pg_options=pg_options, group_desc=group_desc)
+        subgroups.append(g)
+        if me in ranks:
+            mine = g
+    return mine, subgroups
+
+
+def _rank_not_in_group(group: Any) -> bool:
+    if group is None:
+        return False
+    return isinstance(group, NonGroupMember)
+
+
+def _resolve(group: Any) -> Any:
+    return _get_default_group() if group is None else group
+
+
+def get_rank(group: Any = None) -> int:
+    if _rank_not_in_group(group):
+        return -1
+    pg = _resolve(group)
+    return pg.rank()
+
+
+def get_world_size(group: Any = None) -> int:
+    if _rank_not_in_group(group):
+        return -1
+    return _resolve(group).size()
+
+
+def get_backend(group: Any = None) -> str:
+    world = current_world()
+    pg = _resolve(group)
+    if _rank_not_in_group(pg):
+        raise ValueError("Invalid process group specified")
+    return world.pg_backend.get(pg, world.backend_name or "undefined")
+
+
+def get_process_group_ranks(group: Any) -> list[int]:
+    pg = _resolve(group)
+    mapping = current_world().pg_group_ranks.get(pg)
+    if mapping is None:
+        raise ValueError(f"Group {group} is not registered, please create group with torch.distributed.new_group API")
+    return list(mapping.keys())
+
+
+def get_group_rank(group: Any, global_rank: int) -> int:
+    world = current_world()
+    if group is None or group is world.default_pg:
+        return global_rank
+    mapping = world.pg_group_ranks.get(group)
+    if mapping is None:
+        raise ValueError(f"Group {group} is not registered, please create group with torch.distributed.new_group API")
+    if global_rank not in mapping:
+        raise ValueError(f"Global rank {global_rank} is not part of group {group}")
+    return mapping[global_rank]
+
+
+def get_global_rank(group: Any, group_rank: int) -> int:
+    world = current_world()
+    if group is None or group is world.default_pg:
+        return group_rank
+    mapping = world.pg_group_ranks.get(group)
+    if mapping is None:
+        raise ValueError(f"Group {group} is not registered, please create group with torch.distributed.new_group API")
+    for g, r in mapping.items():
+        if r == group_rank:
+            return g
+    raise ValueError(f"Group rank {group_rank} is not part of group {group}")
+
+
+def get_pg_count() -> int:
+    return len(current_world().pg_names)
+
+
+def destroy_process_group(group: Any = None) -> None:
+    """Shut a group down (its progress thread, and its connections if it owns them).
+
+    With no argument: every group, the default one last, and the world is reset.
+    """
+    world = current_world()
+    if group is None or group is world.default_pg:
+        if world.default_pg is None:
+            warnings.warn("destroy_process_group: no process group is initialized", stacklevel=2)
+            return
+        for pg in list(world.pg_names):
+            if pg is not world.default_pg and isinstance(pg, ProcessGroup):
+                pg.shutdown()
+        world.default_pg.shutdown()
+        world.reset()
+        return
+    if isinstance(group, ProcessGroup):
+        group.shutdown()
+    world.unregister(group)

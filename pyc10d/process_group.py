@@ -1,0 +1,229 @@
+"""``ProcessGroup``: a group of ranks, and the low-level methods torch code calls on it.
+
+A ProcessGroup pairs group metadata (name, tag, global ranks) with a backend that moves
+the bytes. Low-level calls (``pg.allreduce([t], opts)``, ``pg.broadcast(x, root=0)`` ...) go
+straight to the backend; the public API in ``collectives.py`` adds argument translation.
+``Backend`` here is torch's registry of backend names (``Backend.register_backend``), not
+the engine class in ``pyc10d.backends``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from .backends import Options
+from .backends.tcp import Backend as _Engine
+from .backends.tcp import TCPBackend
+from .store.base import Store
+from .types import DEFAULT_TIMEOUT
+
+
+class Backend(str):
+    """Backend names, as ``torch.distributed.Backend``: ``Backend("GLOO") == "gloo"``."""
+
+    UNDEFINED = "undefined"
+    TCP = "tcp"
+    GLOO = "gloo"
+    SHM = "shm"
+    THREADED = "threaded"
+    FAKE = "fake"
+    NCCL = "nccl"
+    MPI = "mpi"
+    _plugins: dict[str, Callable[..., Any]] = {}
+    backend_list = ["undefined", "tcp", "gloo"]
+    default_device_backend_map = {"cpu": "tcp"}
+    _aliases = {"gloo": "tcp"}
+
+    def __new__(cls, name: str) -> Backend:
+        if not isinstance(name, str):
+            raise ValueError(f"Backend name must be a string, but got: {name}")
+        value = name.lower()
+        if value not in cls.backend_list and value not in cls._plugins:
+            raise ValueError(f"Invalid backend: '{name}'; known: {sorted(set(cls.backend_list) | set(cls._plugins))}")
+        return super().__new__(cls, value)
+
+    @classmethod
+    def register_backend(
+        cls, name: str, func: Callable[..., Any], extended_api: bool = False, devices: Any = None
+    ) -> None:
+        """``func(store, rank, world_size, timeout)`` (or ``func(prefix_store, group_rank, group_size, options)``
+        with ``extended_api``) returns a ProcessGroup or a backend engine."""
+        key = name.lower()
+        cls._plugins[key] = func
+        setattr(cls, name.upper(), key)
+        if key not in cls.backend_list:
+            cls.backend_list.append(key)
+
+    @classmethod
+    def resolve(cls, name: str | None) -> str:
+        value = "tcp" if name in (None, "", "undefined", "auto") else str(name).lower()
+        if ":" in value:  # "cpu:gloo,cuda:nccl"
+            parts = dict(p.split(":", 1) for p in value.split(","))
+            value = parts.get("cpu", next(iter(parts.values())))
+        return cls._aliases.get(value, value)
+
+
+_FACTORIES: dict[str, Callable[[Store, int, int, timedelta, str], Any]] = {"tcp": TCPBackend.create}
+
+
+def register_factory(name: str, factory: Callable[[Store, int, int, timedelta, str], Any]) -> None:
+    """Let a built-in backend (shm, threaded, fake) plug in without touching the public API."""
+    _FACTORIES[name] = factory
+    if name not in Backend.backend_list:
+        Backend.backend_list.append(name)
+
+
+def make_engine(backend: str, store: Store, rank: int, size: int, timeout: timedelta, name: str) -> Any:
+    key = Backend.resolve(backend)
+    if key in _FACTORIES:
+        return _FACTORIES[key](store, rank, size, timeout, name)
+    if key in Backend._plugins:
+        return Backend._plugins[key](store, rank, size, timeout)
+    raise ValueError(f"unknown backend {backend!r}; available: {sorted(set(_FACTORIES) | set(Backend._plugins))}")
+
+
+class ProcessGroup:
+    """A group of ranks. ``rank()``/``size()`` are group-local; calls not defined here go to the backend."""
+
+    def __init__(
+        self, engine: Any, rank: int, size: int, group_name: str = "", ranks: list[int] | None = None,
+        backend_name: str = "tcp",
+    ) -> None:
+        self._engine = engine
+        self._rank = rank
+        self._size = size
+        self._group_name = group_name
+        self.group_desc = "undefined"
+        self.global_ranks = list(ranks) if ranks is not None else list(range(size))
+        self._backend_name = backend_name
+        self.bound_device_id = None
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def name(self) -> str:
+        return self._backend_name
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    @property
+    def options(self) -> Options:
+        return self._engine.options
+
+    def _get_backend(self, device: Any = None) -> Any:
+        return self._engine
+
+    def _get_backend_name(self) -> str:
+        return self._backend_name
+
+    def _set_default_timeout(self, timeout: timedelta) -> None:
+        self._engine._set_default_timeout(timeout)
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self._engine._get_sequence_number_for_group()
+
+    def _set_sequence_number_for_group(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()
+
+    def abort(self) -> None:
+        self._engine.abort()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.__dict__["_engine"], name)
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroup {self._group_name!r} rank={self._rank} size={self._size} backend={self._backend_name}>"
+
+
+class _DeviceSpec:
+    def __init__(self, interface: str | None = None, hostname: str | None = None) -> None:
+        self.interface, self.hostname = interface, hostname
+
+
+class ProcessGroupGloo(ProcessGroup):
+    """torch's ``ProcessGroupGloo(store, rank, size, options)``, served by the TCP backend."""
+
+    _Options = Options
+    _counter = itertools.count()
+
+    def __init__(self, store: Store, rank: int, size: int, options: Options | timedelta | None = None) -> None:
+        if isinstance(options, timedelta) or options is None:
+            options = Options(options if options is not None else DEFAULT_TIMEOUT)
+        name = f"gloo_pg_{next(ProcessGroupGloo._counter)}"
+        engine = TCPBackend.create(store, rank, size, options._timeout, name)
+        engine.options = options
+        super().__init__(engine, rank, size, name, list(range(size)), "gloo")
+
+    @staticmethod
+    def create_device(interface: str | None = None, hostname: str | None = None, lazy_init: Any = None) -> _DeviceSpec:
+        return _DeviceSpec(interface, hostname)
+
+    @staticmethod
+    def create_default_device(lazy_init: Any = None) -> _DeviceSpec:
+        return _DeviceSpec()
+
+
+_Engine.create_device = staticmethod(ProcessGroupGloo.create_device)  # type: ignore[attr-defined]
+
+
+class RoundRobinProcessGroup(ProcessGroup):
+    """Spreads successive operations over several groups of the same ranks."""
+
+    def __init__(self, groups: list[ProcessGroup]) -> None:
+        if not groups:
+            raise ValueError("_round_robin_process_groups: needs at least one process group")
+        first = groups[0]
+        for g in groups:
+            if g.size() != first.size() or g.rank() != first.rank():
+                raise ValueError("_round_robin_process_groups: groups must have the same size and rank")
+        self._groups = groups
+        self._cycle = itertools.cycle(groups)
+        super().__init__(None, first.rank(), first.size(), "round_robin", first.global_ranks, "round_robin")
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(next(self.__dict__["_cycle"]), name)
+
+    @property
+    def options(self) -> Options:
+        return self._groups[0].options
+
+    def _get_backend(self, device: Any = None) -> Any:
+        return self._groups[0]._get_backend(device)
+
+    def _get_sequence_number_for_group(self) -> int:
+        return sum(g._get_sequence_number_for_group() for g in self._groups)
+
+    def shutdown(self) -> None:
+        for g in self._groups:
+            g.shutdown()
+
+
+def _round_robin_process_groups(groups: list[ProcessGroup]) -> ProcessGroup:
+    return RoundRobinProcessGroup(groups)
+
+
+def is_process_group_like(obj: Any) -> bool:
+    return isinstance(obj, ProcessGroup) or hasattr(obj, "allreduce")
+
+
+__all__ = [
+    "Backend", "ProcessGroup", "ProcessGroupGloo", "RoundRobinProcessGroup",
+    "_round_robin_process_groups", "make_engine", "register_factory", "torch",
+]

@@ -1,0 +1,207 @@
+"""A small ``torchrun``-style launcher.
+
+Usage::
+
+    python -m pyc10d.run [--nproc-per-node N] [--nnodes 1] [--node-rank 0]
+                         [--master-addr 127.0.0.1] [--master-port 29500]
+                         (script.py | -m module) [args ...]
+
+It starts ``N`` copies of the script (or module) as child processes of this one, each with
+the environment that ``init_method="env://"`` reads: ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``NODE_RANK``, ``MASTER_ADDR`` and
+``MASTER_PORT``. The global rank is ``node_rank * nproc_per_node + local_rank``.
+
+Failure handling: as soon as one rank exits non-zero the launcher prints
+``pyc10d.run: rank R exited with code C`` (with the signal's name when a signal ended it),
+sends ``SIGTERM`` to the ranks still running, ``SIGKILL`` to those still alive a few
+seconds later, and exits with that rank's code (``128 + signal`` for a signal). ``SIGINT``
+and ``SIGTERM`` sent to the launcher are forwarded to the ranks the same way. On Linux each
+child also asks the kernel to ``SIGKILL`` it should the launcher itself die, so nothing is
+left orphaned even when the launcher is killed with ``SIGKILL``.
+
+Like ``torchrun``, ``OMP_NUM_THREADS`` is set to 1 in the ranks when more than one rank
+runs on this node and the variable is not already set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+
+PREFIX = "pyc10d.run"
+POLL_S = 0.05
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the launcher's command line; the script's own arguments are left untouched."""
+    p = argparse.ArgumentParser(
+        prog="python -m pyc10d.run",
+        description="Launch one process per rank with the env:// rendezvous variables set.",
+        allow_abbrev=False,
+    )
+    p.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
+                   default="1", help="ranks on this node: an integer, or 'auto'/'cpu' "
+                   "for one per CPU core (default 1)")
+    p.add_argument("--nnodes", type=int, default=1, help="number of nodes (default 1)")
+    p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
+                   help="this node's index in [0, nnodes) (default 0)")
+    p.add_argument("--master-addr", "--master_addr", dest="master_addr",
+                   default="127.0.0.1", help="address of rank 0's store (default 127.0.0.1)")
+    p.add_argument("--master-port", "--master_port", dest="master_port", type=int,
+                   default=29500, help="port of rank 0's store (default 29500)")
+    p.add_argument("--term-timeout", "--term_timeout", dest="term_timeout", type=float,
+                   default=5.0, help="seconds between SIGTERM and SIGKILL when stopping "
+                   "ranks (default 5)")
+    p.add_argument("-m", "--module", action="store_true",
+                   help="run the target as a module, like 'python -m'")
+    p.add_argument("script", help="the script (or, with -m, the module) to run")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script")
+    args = p.parse_args(argv)
+    if args.nproc_per_node in ("auto", "cpu"):
+        args.nproc_per_node = os.cpu_count() or 1
+    else:
+        try:
+            args.nproc_per_node = int(args.nproc_per_node)
+        except ValueError:
+            p.error(f"--nproc-per-node must be an integer, 'auto' or 'cpu', "
+                    f"not {args.nproc_per_node!r}")
+    if args.nproc_per_node < 1:
+        p.error("--nproc-per-node must be at least 1")
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        p.error("need nnodes >= 1 and 0 <= node-rank < nnodes")
+    return args
+
+
+def rank_env(args: argparse.Namespace, local_rank: int) -> dict[str, str]:
+    """The environment of one child: ours plus the rendezvous variables."""
+    nproc = args.nproc_per_node
+    env = dict(os.environ)
+    env.update(
+        RANK=str(args.node_rank * nproc + local_rank),
+        WORLD_SIZE=str(args.nnodes * nproc),
+        LOCAL_RANK=str(local_rank),
+        LOCAL_WORLD_SIZE=str(nproc),
+        GROUP_RANK=str(args.node_rank),
+        NODE_RANK=str(args.node_rank),
+        MASTER_ADDR=args.master_addr,
+        MASTER_PORT=str(args.master_port),
+    )
+    if nproc > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when we die (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def hook() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+    return hook
+
+
+def describe(code: int) -> str:
+    """``'code 3'`` or ``'code -9 (SIGKILL)'`` for a ``Popen.returncode``."""
+    if code < 0:
+        try:
+            return f"code {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"code {code} (signal {-code})"
+    return f"code {code}"
+
+
+def stop_all(procs: Sequence[subprocess.Popen[bytes]], sig: int, grace: float) -> None:
+    """Send ``sig`` to every live child, then SIGKILL those alive after ``grace`` s; reap all."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(sig)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + grace
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait()
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, _frame: FrameType | None) -> None:
+    raise _Interrupted(signum)
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Start the ranks, watch them, and return the launcher's exit code."""
+    target = ["-m", args.script] if args.module else [args.script]
+    cmd = [sys.executable, "-u", *target, *args.script_args]
+    preexec = _die_with_parent()
+    procs: list[subprocess.Popen[bytes]] = []
+    old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for local_rank in range(args.nproc_per_node):
+            procs.append(subprocess.Popen(cmd, env=rank_env(args, local_rank),
+                                          preexec_fn=preexec))
+        base = args.node_rank * args.nproc_per_node
+        by_pid = {p.pid: (base + i, p) for i, p in enumerate(procs)}
+        while any(p.returncode is None for p in procs):
+            # Blocking wait for any child: children are seen in the order they exit, so the
+            # rank reported is the first to fail, not one that died of its peer's failure.
+            pid, status = os.waitpid(-1, 0)
+            if pid not in by_pid:
+                continue
+            rank, p = by_pid[pid]
+            p.returncode = code = os.waitstatus_to_exitcode(status)
+            if code != 0:
+                print(f"{PREFIX}: rank {rank} exited with {describe(code)}", file=sys.stderr,
+                      flush=True)
+                stop_all(procs, signal.SIGTERM, args.term_timeout)
+                return code if code > 0 else 128 - code
+        return 0
+    except _Interrupted as e:
+        name = signal.Signals(e.signum).name
+        print(f"{PREFIX}: got {name}, stopping {len(procs)} rank(s)", file=sys.stderr,
+              flush=True)
+        # Ignore repeats while we clean up; the children get the same signal from us.
+        for s in old:
+            signal.signal(s, signal.SIG_IGN)
+        stop_all(procs, e.signum, args.term_timeout)
+        return 128 + e.signum
+    except BaseException:
+        stop_all(procs, signal.SIGTERM, args.term_timeout)
+        raise
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m pyc10d.run``."""
+    return launch(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,425 @@
+"""TCPStore: one rank runs a small key-value server, every rank talks to it over TCP.
+
+Wire format (both directions): ``!BI`` (op or status, part count), then each part as
+``!I`` length + raw bytes. Values travel as raw bytes, never pickled. The server runs one
+daemon thread per connection over a dict guarded by a condition variable, so a blocking
+get/wait parks its own thread on the condition (no spinning) while other clients are served.
+Wait timeouts are enforced by the server, which answers TIMEOUT; the client's socket
+timeout is only a backstop for a hung server. A dead server surfaces as DistStoreError.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from datetime import timedelta
+from typing import BinaryIO
+
+from ..errors import DistNetworkError, DistStoreError
+from .base import (
+    Store,
+    StoreTimeoutError,
+    resolve_timeout,
+    timeout_seconds,
+    to_bytes,
+    wait_timeout_error,
+)
+
+_HEAD, _LEN = struct.Struct("!BI"), struct.Struct("!I")
+(_SET, _MGET, _ADD, _CAS, _WAIT, _CHECK, _DELETE, _NUMKEYS, _MSET, _APPEND, _WAITGE) = range(1, 12)
+_OK, _TIMEOUT, _ERROR = 0, 1, 2
+_INIT_KEY = b"init/"  # counts joined workers; user keys are "/" + key, as in torch
+_GRACE_S = 30.0  # extra client-side patience beyond a server-enforced timeout
+
+
+class ConnectTimeoutError(DistNetworkError, StoreTimeoutError):
+    """No server answered at host:port within the store timeout."""
+
+
+def _pack(code: int, parts: list[bytes]) -> bytes:
+    out = [_HEAD.pack(code, len(parts))]
+    for p in parts:
+        out += (_LEN.pack(len(p)), p)
+    return b"".join(out)
+
+
+def _read_exact(rfile: BinaryIO, n: int) -> bytes:
+    data = rfile.read(n)
+    if data is None or len(data) < n:
+        raise ConnectionError("connection closed by peer")
+    return data
+
+
+def _read_frame(rfile: BinaryIO) -> tuple[int, list[bytes]]:
+    code, n = _HEAD.unpack(_read_exact(rfile, _HEAD.size))
+    parts = []
+    for _ in range(n):
+        (length,) = _LEN.unpack(_read_exact(rfile, _LEN.size))
+        parts.append(_read_exact(rfile, length))
+    return code, parts
+
+
+class _Server:
+    """The master's key-value server; outlives no TCPStore that uses it (refcounted)."""
+
+    def __init__(self, listener: socket.socket) -> None:
+        self._listener = listener
+        self.port: int = listener.getsockname()[1]
+        self.refs = 1
+        self._data: dict[bytes, bytes] = {}
+        self._cond = threading.Condition()
+        self._conns: set[socket.socket] = set()
+        self._stopped = False
+        threading.Thread(
+            target=self._accept_loop, name=f"TCPStore-{self.port}", daemon=True
+        ).start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # listener shut down by stop()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._cond:
+                if self._stopped:
+                    conn.close()
+                    return
+                self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        rfile = conn.makefile("rb")
+        try:
+            while True:
+                code, parts = _read_frame(rfile)
+                try:
+                    reply = self._handle(code, parts)
+                except (ValueError, IndexError) as e:  # malformed request or non-integer add
+                    reply = _pack(_ERROR, [f"TCPStore server: bad request ({e})".encode()])
+                conn.sendall(reply)
+        except (OSError, struct.error):
+            pass  # client went away (or we are stopping): drop the connection
+        finally:
+            with self._cond:
+                self._conns.discard(conn)
+            rfile.close()
+            conn.close()
+
+    def _await(self, pred: Callable[[], bool], ms: bytes) -> bool:
+        """Park this connection's thread until ``pred()`` holds; False on timeout."""
+        limit = int(ms)
+        wait_s = None if limit < 0 else limit / 1000
+        ok = self._cond.wait_for(lambda: self._stopped or pred(), wait_s)
+        if self._stopped:
+            raise ConnectionAbortedError("server stopping")
+        return ok
+
+    def _handle(self, code: int, p: list[bytes]) -> bytes:
+        data = self._data
+        with self._cond:
+            if code in (_MGET, _WAIT):
+                keys = p[1:]
+                if not self._await(lambda: all(k in data for k in keys), p[0]):
+                    return _pack(_TIMEOUT, [])
+                return _pack(_OK, [data[k] for k in keys] if code == _MGET else [])
+            if code == _WAITGE:
+                target = int(p[2])
+                ok = self._await(lambda: int(data.get(p[1], b"0")) >= target, p[0])
+                return _pack(_OK if ok else _TIMEOUT, [data.get(p[1], b"0")])
+            if code == _CHECK:
+                return _pack(_OK, [b"1" if all(k in data for k in p) else b"0"])
+            if code == _NUMKEYS:
+                return _pack(_OK, [str(len(data)).encode()])
+            if code == _DELETE:
+                return _pack(_OK, [b"1" if data.pop(p[0], None) is not None else b"0"])
+            reply: list[bytes] = []
+            if code == _SET:
+                data[p[0]] = p[1]
+            elif code == _MSET:
+                data.update(zip(p[0::2], p[1::2]))
+            elif code == _APPEND:
+                data[p[0]] = data.get(p[0], b"") + p[1]
+            elif code == _ADD:
+                data[p[0]] = new = str(int(data.get(p[0], b"0")) + int(p[1])).encode()
+                reply = [new]
+            elif code == _CAS:
+                cur = data.get(p[0])
+                if (cur is None and p[1] != b"") or (cur is not None and cur != p[1]):
+                    return _pack(_OK, [p[1] if cur is None else cur])
+                data[p[0]] = p[2]
+                reply = [p[2]]
+            else:
+                return _pack(_ERROR, [b"unknown TCPStore op %d" % code])
+            self._cond.notify_all()
+            return _pack(_OK, reply)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            conns = list(self._conns)
+            self._cond.notify_all()
+        for s in (self._listener, *conns):
+            try:
+                s.shutdown(socket.SHUT_RDWR)  # wakes accept()/recv() in the server threads
+            except OSError:
+                pass
+        self._listener.close()
+
+
+_SERVERS: dict[int, _Server] = {}  # multi-tenant servers of this process, by port
+_SERVERS_LOCK = threading.Lock()
+# Finalizers run wherever the GC fires, possibly while another thread holds _SERVERS_LOCK and
+# waits on this one, so they take no locks: they queue the server for this reaper thread.
+_DOOMED: queue.SimpleQueue[_Server] = queue.SimpleQueue()
+_REAPER: threading.Thread | None = None
+
+
+def _reap() -> None:
+    while True:
+        _drop_server(_DOOMED.get())
+
+
+def _reset_after_fork() -> None:
+    """A forked child has none of the parent's threads: forget their servers and reaper."""
+    global _SERVERS_LOCK, _DOOMED, _REAPER
+    _SERVERS.clear()
+    _SERVERS_LOCK, _DOOMED, _REAPER = threading.Lock(), queue.SimpleQueue(), None
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def _acquire_server(port: int, multi_tenant: bool, listen_fd: int | None) -> _Server:
+    global _REAPER
+    with _SERVERS_LOCK:
+        if _REAPER is None:
+            _REAPER = threading.Thread(target=_reap, name="TCPStore-reaper", daemon=True)
+            _REAPER.start()
+        if multi_tenant and port in _SERVERS:
+            srv = _SERVERS[port]
+            srv.refs += 1
+            return srv
+        try:
+            if listen_fd is not None:
+                listener = socket.socket(fileno=listen_fd)
+                listener.listen(1024)
+            elif socket.has_dualstack_ipv6():
+                listener = socket.create_server(
+                    ("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=1024
+                )
+            else:
+                listener = socket.create_server(("", port), backlog=1024)
+        except OSError as e:
+            raise DistNetworkError(
+                "The server socket has failed to listen on any local network address. "
+                f"port: {port}, error: {e}"
+            ) from e
+        srv = _Server(listener)
+        if multi_tenant:
+            _SERVERS[srv.port] = srv
+        return srv
+
+
+def _drop_server(server: _Server) -> None:
+    """Release one user of ``server``; the last one stops it."""
+    with _SERVERS_LOCK:
+        server.refs -= 1
+        if server.refs > 0:
+            return
+        if _SERVERS.get(server.port) is server:
+            del _SERVERS[server.port]
+    server.stop()
+
+
+def _finalize(server: _Server | None, sock: socket.socket, rfile: BinaryIO | None) -> None:
+    """GC finalizer of a TCPStore: close its connection, hand its server to the reaper."""
+    if rfile is not None:
+        rfile.close()  # the fd only really closes once the reader is closed too
+    sock.close()
+    if server is not None:
+        _DOOMED.put(server)
+
+
+class TCPStore(Store):
+    """torch.distributed.TCPStore. The master hosts the server and is also a client of it."""
+
+    def __init__(
+        self,
+        host_name: str,
+        port: int,
+        world_size: int | None = None,
+        is_master: bool = False,
+        timeout: timedelta = timedelta(seconds=300),
+        wait_for_workers: bool = True,
+        multi_tenant: bool = False,
+        master_listen_fd: int | None = None,
+        use_libuv: bool = True,
+    ) -> None:
+        super().__init__(timeout)
+        if world_size is not None and world_size <= 0:
+            raise ValueError(f"TCPStore world size cannot be {world_size}")
+        self._host, self._world_size, self._use_libuv = host_name, world_size, use_libuv
+        self._lock = threading.Lock()  # one request in flight per connection
+        self._broken: str | None = None
+        self._server = _acquire_server(port, multi_tenant, master_listen_fd) if is_master else None
+        self._port = self._server.port if self._server is not None else port
+        self._sock: socket.socket | None = None
+        self._rfile: BinaryIO | None = None
+        try:
+            self._sock = self._connect(timeout_seconds(timeout))
+            self._rfile = self._sock.makefile("rb")
+            self._sock_timeout: float | None = None
+            if world_size is not None and wait_for_workers:
+                self._wait_for_workers(world_size)
+        except BaseException:
+            if self._sock is not None:
+                _finalize(None, self._sock, self._rfile)
+            if self._server is not None:
+                _drop_server(self._server)  # synchronously, so the port is free on return
+            raise
+        weakref.finalize(self, _finalize, self._server, self._sock, self._rfile)
+
+    def _connect(self, secs: float | None) -> socket.socket:
+        """Connect, retrying with backoff until the timeout: the server may start later."""
+        deadline = None if secs is None else time.monotonic() + secs
+        delay, last = 0.01, None
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise ConnectTimeoutError(
+                    f"The client socket has timed out after {int((secs or 0) * 1000)}ms while "
+                    f"trying to connect to ({self._host}, {self._port}): {last}"
+                ) from last
+            try:
+                sock = socket.create_connection((self._host, self._port), timeout=left)
+                break
+            except OSError as e:  # refused (server not up yet), DNS failure, ...
+                last = e
+            time.sleep(delay if left is None else max(0.0, min(delay, left)))
+            delay = min(delay * 2, 1.0)
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def _wait_for_workers(self, world_size: int) -> None:
+        self._ok(_ADD, [_INIT_KEY, b"1"])
+        if self._server is None:
+            return
+        secs = timeout_seconds(self._timeout)
+        status, out = self._call(_WAITGE, [_ms(secs), _INIT_KEY, str(world_size).encode()], secs)
+        if status == _TIMEOUT:
+            raise StoreTimeoutError(
+                f"Timed out after {int(secs or 0)} seconds waiting for clients. "
+                f"{int(out[0])}/{world_size} clients joined."
+            )
+
+    def _call(self, code: int, parts: list[bytes], wait_s: float | None) -> tuple[int, list[bytes]]:
+        with self._lock:
+            if self._broken is not None:
+                raise DistStoreError(self._broken)
+            assert self._sock is not None and self._rfile is not None
+            try:
+                limit = None if wait_s is None else wait_s + _GRACE_S
+                if limit != self._sock_timeout:
+                    self._sock.settimeout(limit)
+                    self._sock_timeout = limit
+                self._sock.sendall(_pack(code, parts))
+                status, out = _read_frame(self._rfile)
+            except (OSError, struct.error) as e:
+                self._broken = (
+                    f"TCPStore lost its connection to the server at {self._host}:{self._port} "
+                    f"({type(e).__name__}: {e}); the server is gone or unreachable"
+                )
+                self._rfile.close()
+                self._sock.close()
+                raise DistStoreError(self._broken) from e
+        if status == _ERROR:
+            raise DistStoreError(out[0].decode(errors="replace"))
+        return status, out
+
+    def _ok(self, code: int, parts: list[bytes]) -> list[bytes]:
+        return self._call(code, parts, timeout_seconds(self._timeout))[1]
+
+    def _blocking(self, code: int, keys: list[str], timeout: timedelta) -> list[bytes]:
+        secs = timeout_seconds(timeout)
+        status, out = self._call(code, [_ms(secs), *(_k(k) for k in keys)], secs)
+        if status == _TIMEOUT:
+            raise wait_timeout_error(["/" + k for k in keys], timeout)
+        return out
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def libuvBackend(self) -> bool:  # noqa: N802 - torch's spelling
+        return self._use_libuv
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._ok(_SET, [_k(key), to_bytes(value)])
+
+    def get(self, key: str) -> bytes:
+        return self._blocking(_MGET, [key], self._timeout)[0]
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._ok(_ADD, [_k(key), str(int(amount)).encode()])[0])
+
+    def compare_set(
+        self, key: str, expected_value: str | bytes, desired_value: str | bytes
+    ) -> bytes:
+        return self._ok(_CAS, [_k(key), to_bytes(expected_value), to_bytes(desired_value)])[0]
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self._blocking(_WAIT, list(keys), resolve_timeout(self._timeout, timeout))
+
+    def check(self, keys: list[str]) -> bool:
+        return self._ok(_CHECK, [_k(k) for k in keys])[0] == b"1"
+
+    def delete_key(self, key: str) -> bool:
+        return self._ok(_DELETE, [_k(key)])[0] == b"1"
+
+    def num_keys(self) -> int:
+        """Counts the internal worker-count key too, as torch does."""
+        return int(self._ok(_NUMKEYS, [])[0])
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return self._blocking(_MGET, list(keys), self._timeout)
+
+    def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
+        if len(keys) != len(values):
+            raise ValueError("multi_set: keys and values differ in length")
+        self._ok(_MSET, [b for k, v in zip(keys, values) for b in (_k(k), to_bytes(v))])
+
+    def append(self, key: str, value: str | bytes) -> None:
+        self._ok(_APPEND, [_k(key), to_bytes(value)])
+
+    def has_extended_api(self) -> bool:
+        return True
+
+    def clone(self) -> TCPStore:
+        """A new client connection to the same server."""
+        return TCPStore(self._host, self._port, timeout=self._timeout, use_libuv=self._use_libuv)
+
+    def __repr__(self) -> str:
+        server = f"TCPServer(port={self._port})" if self._server is not None else "<nullptr>"
+        return f"TCPStore(client=TCPClient({self._host}:{self._port}), server={server})"
+
+
+def _k(key: str) -> bytes:
+    return b"/" + key.encode()
+
+
+def _ms(secs: float | None) -> bytes:
+    """A wait limit on the wire: milliseconds, -1 for none."""
+    return b"-1" if secs is None else str(max(1, int(secs * 1000))).encode()

@@ -1,0 +1,5 @@
+"""Transports: how bytes move between ranks (see ``base.Transport``)."""
+
+from .base import Mailbox, RecvHandle, Transport
+
+__all__ = ["Mailbox", "RecvHandle", "Transport"]

@@ -1,0 +1,192 @@
+"""The interface every transport implements: tagged point-to-point byte messages.
+
+A transport connects ``size`` endpoints (ranks of one world) and moves raw bytes between
+them. It knows nothing about collectives: algorithms and backends give each message a
+64-bit *channel* (upper 32 bits: a namespace, e.g. one per process group; lower 32 bits:
+one per operation) and a 32-bit *meta* word (the backends put a dtype code there), and a
+receive matches the next message from that peer on that channel (FIFO per peer+channel).
+
+Rules every implementation keeps, so algorithms can be written once:
+- ``send`` never waits for the receiver to post a receive (no deadlock when two ranks send
+  to each other first); it returns once ``data`` may be reused.
+- ``irecv`` may be posted before or after the message arrives; when posted first, the
+  payload lands directly in ``buf`` (zero-copy).
+- A lost peer fails every pending and future receive from it with ``DistNetworkError``
+  naming it; ``abort(namespace, reason)`` fails receives of that namespace on every peer.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+
+from ..errors import DistBackendError, DistNetworkError, DistTimeoutError
+
+NAMESPACE_SHIFT = 32
+
+
+def channel_namespace(channel: int) -> int:
+    return channel >> NAMESPACE_SHIFT
+
+
+class RecvHandle:
+    """A posted receive. ``wait`` blocks (never spins) until the message is in ``buf``."""
+
+    __slots__ = ("buf", "peer", "channel", "nbytes", "meta", "error", "_done", "truncated")
+
+    def __init__(self, buf: memoryview, peer: int, channel: int) -> None:
+        self.buf = buf
+        self.peer = peer
+        self.channel = channel
+        self.nbytes = -1
+        self.meta = 0
+        self.truncated = False
+        self.error: BaseException | None = None
+        self._done = threading.Lock()
+        self._done.acquire()
+
+    def complete(self, nbytes: int, meta: int, truncated: bool = False) -> None:
+        self.nbytes, self.meta, self.truncated = nbytes, meta, truncated
+        self._done.release()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self._done.release()
+
+    def done(self) -> bool:
+        return self.nbytes >= 0 or self.error is not None
+
+    def wait(self, timeout: float | None) -> tuple[int, int]:
+        """Return ``(nbytes, meta)`` of the message; raise on loss, abort or timeout.
+
+        ``nbytes`` may differ from ``len(buf)`` (the caller checks): a larger message is
+        dropped (``truncated``), a smaller one fills the front of ``buf``.
+        """
+        if not self._done.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            raise DistTimeoutError(
+                f"timed out after {timeout:.1f}s waiting for {len(self.buf)} bytes from rank {self.peer}"
+            )
+        self._done.release()
+        if self.error is not None:
+            raise self.error
+        return self.nbytes, self.meta
+
+
+class Transport(ABC):
+    """``size`` connected endpoints; this one is ``rank``."""
+
+    rank: int
+    size: int
+
+    @abstractmethod
+    def send(self, peer: int, channel: int, data: memoryview, meta: int = 0) -> None: ...
+
+    @abstractmethod
+    def irecv(self, peer: int, channel: int, buf: memoryview) -> RecvHandle: ...
+
+    @abstractmethod
+    def abort(self, namespace: int, reason: str, peers: list[int]) -> None:
+        """Tell ``peers`` that operations in ``namespace`` failed here, with ``reason``."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def is_alive(self, peer: int) -> bool:
+        return True
+
+
+class Mailbox:
+    """Matching of arrived messages with posted receives, shared by transports.
+
+    Per peer: ``posted[channel]`` holds receives waiting for data, ``unexpected[channel]``
+    holds messages that came first. Both are FIFO, which keeps per-channel order.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.lock = threading.Lock()
+        self.posted: list[dict[int, list[RecvHandle]]] = [{} for _ in range(size)]
+        self.unexpected: list[dict[int, list[tuple[bytes | bytearray, int]]]] = [
+            {} for _ in range(size)
+        ]
+        self.dead: dict[int, BaseException] = {}
+        self.aborted: dict[int, BaseException] = {}
+
+    def post(self, handle: RecvHandle) -> None:
+        peer, channel = handle.peer, handle.channel
+        with self.lock:
+            queue = self.unexpected[peer].get(channel)
+            if queue:
+                data, meta = queue.pop(0)
+                if not queue:
+                    del self.unexpected[peer][channel]
+            else:
+                err = self.aborted.get(channel_namespace(channel)) or self.dead.get(peer)
+                if err is None:
+                    self.posted[peer].setdefault(channel, []).append(handle)
+                    return
+                handle.fail(err)
+                return
+        deliver_copy(handle, data, meta)
+
+    def take_posted(self, peer: int, channel: int) -> RecvHandle | None:
+        with self.lock:
+            queue = self.posted[peer].get(channel)
+            if not queue:
+                return None
+            handle = queue.pop(0)
+            if not queue:
+                del self.posted[peer][channel]
+            return handle
+
+    def arrived(self, peer: int, channel: int, data: bytes | bytearray, meta: int) -> None:
+        """A whole message arrived with no receive posted when it started; match or queue it."""
+        with self.lock:
+            queue = self.posted[peer].get(channel)
+            if queue:
+                handle = queue.pop(0)
+                if not queue:
+                    del self.posted[peer][channel]
+            else:
+                self.unexpected[peer].setdefault(channel, []).append((data, meta))
+                return
+        deliver_copy(handle, data, meta)
+
+    def peer_lost(self, peer: int, error: BaseException) -> None:
+        with self.lock:
+            self.dead.setdefault(peer, error)
+            pending = [h for q in self.posted[peer].values() for h in q]
+            self.posted[peer].clear()
+        for h in pending:
+            h.fail(error)
+
+    def abort(self, namespace: int, error: BaseException) -> None:
+        with self.lock:
+            self.aborted.setdefault(namespace, error)
+            pending = []
+            for per_peer in self.posted:
+                for channel in [c for c in per_peer if channel_namespace(c) == namespace]:
+                    pending.extend(per_peer.pop(channel))
+        for h in pending:
+            h.fail(error)
+
+    def fail_all(self, error: BaseException) -> None:
+        for peer in range(len(self.posted)):
+            self.peer_lost(peer, error)
+
+
+def deliver_copy(handle: RecvHandle, data: bytes | bytearray, meta: int) -> None:
+    n = len(data)
+    if n > len(handle.buf):
+        handle.complete(n, meta, truncated=True)
+        return
+    if n:
+        handle.buf[:n] = data
+    handle.complete(n, meta)
+
+
+def abort_error(peer: int, reason: str) -> DistBackendError:
+    return DistBackendError(f"aborted by rank {peer}: {reason}")
+
+
+def lost_error(peer: int, detail: str) -> DistNetworkError:
+    return DistNetworkError(f"rank {peer} closed its connection ({detail})")

@@ -1,0 +1,244 @@
+"""TCP transport: one connection per peer pair, a receiver thread per peer.
+
+Connection set-up goes through the store: every rank listens on an ephemeral port and
+publishes ``host:port``; rank ``i`` connects to every rank ``j < i`` and introduces itself,
+so each pair shares exactly one socket. Messages are framed by a 24-byte header
+(channel, nbytes, meta, kind) followed by the raw payload: tensor bytes travel as
+memoryviews of tensor storage, never pickled.
+
+Why a receiver thread per peer: it drains the socket all the time, so ``send`` never
+deadlocks when two ranks send to each other first, and when the matching receive was
+posted before the data came, the payload is read straight into the destination buffer.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import time
+from datetime import timedelta
+
+from ..errors import DistNetworkError
+from ..store.base import Store
+from .base import Mailbox, RecvHandle, Transport, abort_error, lost_error
+
+_HEADER = struct.Struct("<QQII")
+_KIND_DATA = 0
+_KIND_ABORT = 1
+_KIND_BYE = 2
+_HELLO = struct.Struct("<Iq")
+_SMALL = 64 * 1024
+_SOCK_BUF = 4 * 1024 * 1024
+
+
+def _advertised_host(store: Store) -> str:
+    env = os.environ.get("PYC10D_SOCKET_ADDR")
+    if env:
+        return env
+    store_host = getattr(store, "host", None)
+    base = getattr(store, "underlying_store", None)
+    while store_host is None and base is not None:
+        store_host = getattr(base, "host", None)
+        base = getattr(base, "underlying_store", None)
+    if store_host and store_host not in ("localhost", "127.0.0.1", "::1"):
+        try:
+            probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            probe.connect((store_host, 9))
+            addr = probe.getsockname()[0]
+            probe.close()
+            return addr
+        except OSError:
+            pass
+    return "127.0.0.1"
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
+        except OSError:
+            pass
+
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    got, n = 0, len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionResetError("connection closed by peer")
+        got += k
+
+
+class TCPTransport(Transport):
+    """Full mesh of TCP connections among ``size`` ranks, set up through ``store``."""
+
+    def __init__(self, store: Store, rank: int, size: int, timeout: timedelta) -> None:
+        self.rank, self.size = rank, size
+        self.mailbox = Mailbox(size)
+        self._socks: list[socket.socket | None] = [None] * size
+        self._send_locks = [threading.Lock() for _ in range(size)]
+        self._threads: list[threading.Thread] = []
+        self._closing = False
+        if size > 1:
+            self._connect(store, timeout.total_seconds())
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _connect(self, store: Store, timeout: float) -> None:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        host = _advertised_host(store)
+        listener.bind(("127.0.0.1" if host == "127.0.0.1" else "0.0.0.0", 0))
+        listener.listen(self.size)
+        port = listener.getsockname()[1]
+        nonce = int.from_bytes(os.urandom(7), "little")
+        store.set(f"tcp_addr/{self.rank}", f"{host}:{port}:{nonce}")
+        deadline = time.monotonic() + timeout
+        for peer in range(self.rank):
+            h, p, peer_nonce = store.get(f"tcp_addr/{peer}").decode().rsplit(":", 2)
+            sock = self._dial(h, int(p), deadline)
+            sock.sendall(_HELLO.pack(self.rank, int(peer_nonce)))
+            self._socks[peer] = sock
+        expected = self.size - 1 - self.rank
+        listener.settimeout(1.0)
+        while expected:
+            if time.monotonic() > deadline:
+                missing = [r for r in range(self.rank + 1, self.size) if self._socks[r] is None]
+                raise DistNetworkError(
+                    f"tcp transport: rank {self.rank} timed out after {timeout:.0f}s waiting for "
+                    f"connections from ranks {missing}"
+                )
+            try:
+                sock, _ = listener.accept()
+            except TimeoutError:
+                continue
+            sock.settimeout(timeout)
+            buf = bytearray(_HELLO.size)
+            _recv_exact(sock, memoryview(buf))
+            peer, got_nonce = _HELLO.unpack(buf)
+            sock.settimeout(None)
+            if got_nonce != nonce or not (self.rank < peer < self.size) or self._socks[peer]:
+                sock.close()
+                continue
+            self._socks[peer] = sock
+            expected -= 1
+        listener.close()
+        for peer, sock in enumerate(self._socks):
+            if sock is None:
+                continue
+            _tune(sock)
+            t = threading.Thread(
+                target=self._receive_loop, args=(peer, sock), daemon=True,
+                name=f"pyc10d-tcp-recv-{self.rank}<-{peer}",
+            )
+            t.start()
+            self._threads.append(t)
+
+    def _dial(self, host: str, port: int, deadline: float) -> socket.socket:
+        delay = 0.01
+        while True:
+            try:
+                return socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.1))
+            except OSError as e:
+                if time.monotonic() + delay > deadline:
+                    raise DistNetworkError(
+                        f"tcp transport: rank {self.rank} could not connect to {host}:{port}: {e}"
+                    ) from e
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    # -- data path ------------------------------------------------------------------------
+    def send(self, peer: int, channel: int, data: memoryview, meta: int = 0) -> None:
+        self._send(peer, _KIND_DATA, channel, data, meta)
+
+    def _send(self, peer: int, kind: int, channel: int, data: memoryview, meta: int) -> None:
+        sock = self._socks[peer]
+        if sock is None:
+            raise DistNetworkError(f"tcp transport: no connection from rank {self.rank} to rank {peer}")
+        header = _HEADER.pack(channel, len(data), meta, kind)
+        try:
+            with self._send_locks[peer]:
+                if len(data) <= _SMALL:
+                    sock.sendall(header + data)
+                else:
+                    sock.sendall(header)
+                    sock.sendall(data)
+        except OSError as e:
+            err = self.mailbox.dead.get(peer) or lost_error(peer, f"send failed: {e}")
+            raise err from e
+
+    def irecv(self, peer: int, channel: int, buf: memoryview) -> RecvHandle:
+        handle = RecvHandle(buf, peer, channel)
+        self.mailbox.post(handle)
+        return handle
+
+    def _receive_loop(self, peer: int, sock: socket.socket) -> None:
+        header = bytearray(_HEADER.size)
+        hview = memoryview(header)
+        box = self.mailbox
+        try:
+            while True:
+                _recv_exact(sock, hview)
+                channel, nbytes, meta, kind = _HEADER.unpack(header)
+                if kind != _KIND_DATA:
+                    payload = bytearray(nbytes)
+                    _recv_exact(sock, memoryview(payload))
+                    if kind == _KIND_BYE:
+                        box.peer_lost(peer, lost_error(peer, "it shut down its process group"))
+                        return
+                    box.abort(channel, abort_error(peer, payload.decode(errors="replace")))
+                    continue
+                handle = box.take_posted(peer, channel)
+                if handle is not None and nbytes <= len(handle.buf):
+                    if nbytes:
+                        _recv_exact(sock, handle.buf[:nbytes])
+                    handle.complete(nbytes, meta)
+                    continue
+                payload = bytearray(nbytes)
+                if nbytes:
+                    _recv_exact(sock, memoryview(payload))
+                if handle is not None:
+                    handle.complete(nbytes, meta, truncated=True)
+                else:
+                    box.arrived(peer, channel, payload, meta)
+        except (OSError, ConnectionError) as e:
+            if not self._closing:
+                box.peer_lost(peer, lost_error(peer, str(e)))
+
+    # -- failure and shutdown -----------------------------------------------------------
+    def abort(self, namespace: int, reason: str, peers: list[int]) -> None:
+        payload = memoryview(reason.encode())
+        for peer in peers:
+            if peer != self.rank and self.is_alive(peer):
+                try:
+                    self._send(peer, _KIND_ABORT, namespace, payload, 0)
+                except Exception:
+                    pass
+
+    def is_alive(self, peer: int) -> bool:
+        return peer not in self.mailbox.dead and self._socks[peer] is not None
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        for peer, sock in enumerate(self._socks):
+            if sock is None:
+                continue
+            try:
+                self._send(peer, _KIND_BYE, 0, memoryview(b""), 0)
+            except Exception:
+                pass
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 1.0
+        for t in self._threads:
+            t.join(timeout=max(deadline - time.monotonic(), 0.0))
+        for sock in self._socks:
+            if sock is not None:
+                sock.close()
+        self.mailbox.fail_all(DistNetworkError(f"rank {self.rank}: transport closed"))

@@ -1,0 +1,210 @@
+"""Tests of the ``python -m pyc10d.run`` launcher (no collectives involved)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+ENV_KEYS = ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+            "MASTER_ADDR", "MASTER_PORT"]
+
+
+def _env(extra_path: Path | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(REPO)] + ([str(extra_path)] if extra_path else [])
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def _launch(args: list[str], extra_path: Path | None = None, timeout: float = 45
+            ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pyc10d.run", *args], env=_env(extra_path),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purpose.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _write(path: Path, body: str) -> Path:
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+DUMP_ENV = """
+    import json, os, sys
+    out = sys.argv[1]
+    keys = {keys!r}
+    data = {{k: os.environ.get(k) for k in keys}}
+    data["argv"] = sys.argv[2:]
+    with open(os.path.join(out, "env_" + os.environ["RANK"] + ".json"), "w") as f:
+        json.dump(data, f)
+"""
+
+# Each rank records its pid; rank FAIL waits until every rank has, then fails (or is
+# killed); the others sleep far longer than the test's patience.
+FAIL_ONE = """
+    import os, signal, sys, time
+    out, fail, how, nproc = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    rank = int(os.environ["RANK"])
+    if how == "ignore-term":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(os.path.join(out, f"pid_{{rank}}.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(os.path.join(out, f"pid_{{rank}}.tmp"), os.path.join(out, f"pid_{{rank}}"))
+    def dead(pid):
+        try:
+            with open(f"/proc/{{pid}}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            return True
+    if rank == fail:
+        while len([n for n in os.listdir(out) if n.startswith("pid_") and "." not in n]) < nproc:
+            time.sleep(0.02)
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        sys.exit(3)
+    if how == "cascade":  # die of the failing rank's death, as a peer would
+        while not os.path.exists(os.path.join(out, f"pid_{{fail}}")):
+            time.sleep(0.01)
+        pid = int(open(os.path.join(out, f"pid_{{fail}}")).read())
+        while not dead(pid):
+            time.sleep(0.001)
+        sys.exit(7)
+    time.sleep(300)
+"""
+
+
+def _pids(out: Path, n: int) -> dict[int, int]:
+    return {r: int((out / f"pid_{r}").read_text()) for r in range(n)}
+
+
+@pytest.mark.timeout(60)
+def test_env_vars(tmp_path: Path) -> None:
+    script = _write(tmp_path / "dump.py", DUMP_ENV.format(keys=ENV_KEYS))
+    out = tmp_path / "out"
+    out.mkdir()
+    res = _launch(["--nproc-per-node", "3", "--nnodes", "2", "--node-rank", "1",
+                   "--master-addr", "127.0.0.2", "--master-port", "31234",
+                   str(script), str(out), "--flag", "x"])
+    assert res.returncode == 0, res.stderr
+    seen = sorted(p.name for p in out.iterdir())
+    assert seen == ["env_3.json", "env_4.json", "env_5.json"]
+    for local in range(3):
+        data = json.loads((out / f"env_{3 + local}.json").read_text())
+        assert data == {
+            "RANK": str(3 + local), "WORLD_SIZE": "6", "LOCAL_RANK": str(local),
+            "LOCAL_WORLD_SIZE": "3", "GROUP_RANK": "1", "NODE_RANK": "1",
+            "MASTER_ADDR": "127.0.0.2", "MASTER_PORT": "31234", "argv": ["--flag", "x"],
+        }
+
+
+@pytest.mark.timeout(60)
+def test_underscore_spellings_and_module(tmp_path: Path) -> None:
+    pkg = tmp_path / "mods"
+    pkg.mkdir()
+    _write(pkg / "dumpmod.py", DUMP_ENV.format(keys=ENV_KEYS))
+    out = tmp_path / "out"
+    out.mkdir()
+    res = _launch(["--nproc_per_node=2", "--master_port", "40000", "--node_rank", "0",
+                   "-m", "dumpmod", str(out)], extra_path=pkg)
+    assert res.returncode == 0, res.stderr
+    for rank in range(2):
+        data = json.loads((out / f"env_{rank}.json").read_text())
+        assert data["RANK"] == str(rank) and data["WORLD_SIZE"] == "2"
+        assert data["MASTER_PORT"] == "40000" and data["MASTER_ADDR"] == "127.0.0.1"
+
+
+@pytest.mark.timeout(60)
+def test_failing_rank_stops_the_job(tmp_path: Path) -> None:
+    script = _write(tmp_path / "fail.py", FAIL_ONE.format())
+    t0 = time.monotonic()
+    res = _launch(["--nproc-per-node", "3", str(script), str(tmp_path), "1", "exit", "3"])
+    elapsed = time.monotonic() - t0
+    assert res.returncode == 3
+    assert "pyc10d.run: rank 1 exited with code 3" in res.stderr
+    assert elapsed < 30
+    for rank, pid in _pids(tmp_path, 3).items():
+        assert not _alive(pid), f"rank {rank} (pid {pid}) outlived the launcher"
+
+
+@pytest.mark.timeout(60)
+def test_first_failure_is_reported(tmp_path: Path) -> None:
+    # rank 2 fails; ranks 0 and 1 exit 7 right after it: rank 2 is the one to blame
+    script = _write(tmp_path / "fail.py", FAIL_ONE.format())
+    res = _launch(["--nproc-per-node", "3", str(script), str(tmp_path), "2", "cascade", "3"])
+    assert res.returncode == 3, res.stderr
+    assert "pyc10d.run: rank 2 exited with code 3" in res.stderr
+    assert "rank 0" not in res.stderr and "rank 1" not in res.stderr
+
+
+@pytest.mark.timeout(60)
+def test_killed_rank_reports_signal(tmp_path: Path) -> None:
+    script = _write(tmp_path / "fail.py", FAIL_ONE.format())
+    res = _launch(["--nproc-per-node", "2", str(script), str(tmp_path), "0", "kill", "2"])
+    assert res.returncode == 128 + signal.SIGKILL
+    assert "pyc10d.run: rank 0 exited with code -9 (SIGKILL)" in res.stderr
+    assert not any(_alive(pid) for pid in _pids(tmp_path, 2).values())
+
+
+@pytest.mark.timeout(60)
+def test_ranks_ignoring_sigterm_get_killed(tmp_path: Path) -> None:
+    script = _write(tmp_path / "fail.py", FAIL_ONE.format())
+    t0 = time.monotonic()
+    res = _launch(["--nproc-per-node", "2", "--term-timeout", "1", str(script),
+                   str(tmp_path), "1", "ignore-term", "2"])
+    assert res.returncode == 3
+    assert time.monotonic() - t0 < 30
+    assert not any(_alive(pid) for pid in _pids(tmp_path, 2).values())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_launcher_is_forwarded(tmp_path: Path, sig: signal.Signals) -> None:
+    script = _write(tmp_path / "fail.py", FAIL_ONE.format())
+    # fail = -1: nobody fails, every rank sleeps.
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "2", str(script),
+         str(tmp_path), "-1", "exit", "2"],
+        env=_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.glob("pid_[0-9]"))) < 2:
+            assert time.monotonic() < deadline, "ranks never started"
+            assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
+            time.sleep(0.05)
+        launcher.send_signal(sig)
+        _, err = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 128 + sig
+    assert signal.Signals(sig).name in err
+    assert not any(_alive(pid) for pid in _pids(tmp_path, 2).values())
+
+
+@pytest.mark.timeout(60)
+def test_bad_arguments() -> None:
+    res = _launch(["--nproc-per-node", "0", "x.py"])
+    assert res.returncode == 2
+    assert "nproc-per-node" in res.stderr

@@ -1,0 +1,195 @@
+"""Behaviour of the test harness in :mod:`pyc10d.testing` (no collectives involved).
+
+Each check runs a small ``MultiProcessTestCase`` through :mod:`unittest`
+in-process and inspects the outcome: which ranks ran, how a failing, hanging or
+crashing rank is reported, and how skips propagate.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import unittest
+from pathlib import Path
+
+import pytest
+import torch
+
+from pyc10d.testing import (
+    MultiProcessTestCase,
+    TestCase,
+    simple_sparse_reduce_tests,
+    skip_if_lt_x_gpu,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _Harness(MultiProcessTestCase):
+    __test__ = False  # run only through _run() below
+
+    out_dir = ""
+
+    @property
+    def world_size(self) -> int:
+        return 3
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
+
+    def _record(self, what: str) -> None:
+        Path(self.out_dir, f"{what}.{self.rank}").write_text(f"{os.getpid()} {self.file_name}")
+
+    def test_ok(self) -> None:
+        self._record("ok")
+
+    def test_one_rank_fails(self) -> None:
+        if self.rank == 1:
+            raise ValueError("boom from rank 1")
+
+    def test_one_rank_hangs(self) -> None:
+        if self.rank == 2:
+            time.sleep(1000)
+
+    def test_fail_while_peers_stuck(self) -> None:
+        if self.rank == 0:
+            raise RuntimeError("rank 0 gave up")
+        time.sleep(1000)
+
+    def test_one_rank_crashes(self) -> None:
+        if self.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def test_all_skip(self) -> None:
+        raise unittest.SkipTest("no widgets here")
+
+    def test_exit_with_skip_code(self) -> None:
+        sys.exit(77)
+
+    @skip_if_lt_x_gpu(1024)
+    def test_needs_gpus(self) -> None:
+        self._record("needs_gpus")
+
+
+class _ShortTimeout(_Harness):
+    __test__ = False
+    timeout = 2.0
+
+
+class _ShortGrace(_Harness):
+    __test__ = False
+    failure_grace_period = 1.0
+
+
+def _run(case: type[unittest.TestCase], name: str, out_dir: Path) -> unittest.TestResult:
+    case.out_dir = str(out_dir)  # type: ignore[attr-defined]
+    result = unittest.TestResult()
+    case(name).run(result)
+    return result
+
+
+def _only_failure(result: unittest.TestResult) -> str:
+    assert not result.errors, result.errors
+    assert len(result.failures) == 1, result.failures
+    return result.failures[0][1]
+
+
+def test_every_rank_runs_in_its_own_process(tmp_path: Path) -> None:
+    result = _run(_Harness, "test_ok", tmp_path)
+    assert result.wasSuccessful(), result.failures + result.errors
+    records = {p.name: p.read_text().split() for p in tmp_path.iterdir()}
+    assert sorted(records) == ["ok.0", "ok.1", "ok.2"]
+    pids = {pid for pid, _ in records.values()}
+    assert len(pids) == 3 and str(os.getpid()) not in pids
+    file_names = {name for _, name in records.values()}
+    assert len(file_names) == 1
+    assert not os.path.exists(file_names.pop()), "file_name must be removed after the test"
+
+
+def test_failing_rank_fails_the_test_naming_the_rank(tmp_path: Path) -> None:
+    message = _only_failure(_run(_Harness, "test_one_rank_fails", tmp_path))
+    assert "Rank 1 failed" in message
+    assert "ValueError: boom from rank 1" in message
+    assert "Rank 0 failed" not in message and "Rank 2 failed" not in message
+
+
+def test_hanging_rank_is_killed_at_the_timeout(tmp_path: Path) -> None:
+    start = time.monotonic()
+    message = _only_failure(_run(_ShortTimeout, "test_one_rank_hangs", tmp_path))
+    assert time.monotonic() - start < 15
+    assert "timed out after 2 s" in message
+    assert "ranks [2] had not finished" in message
+    assert "Stacks of rank 2" in message and "test_one_rank_hangs" in message
+
+
+def test_timeout_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYC10D_TEST_TIMEOUT", "1.5")
+    start = time.monotonic()
+    message = _only_failure(_run(_Harness, "test_one_rank_hangs", tmp_path))
+    assert time.monotonic() - start < 15
+    assert "timed out after 1.5 s" in message
+
+
+def test_failure_does_not_wait_for_stuck_peers(tmp_path: Path) -> None:
+    start = time.monotonic()
+    message = _only_failure(_run(_ShortGrace, "test_fail_while_peers_stuck", tmp_path))
+    assert time.monotonic() - start < 15, "must not wait for the 60 s timeout"
+    assert "Rank 0 failed" in message and "rank 0 gave up" in message
+    assert "Ranks [1, 2] were still running" in message
+
+
+def test_crashed_rank_is_reported(tmp_path: Path) -> None:
+    message = _only_failure(_run(_Harness, "test_one_rank_crashes", tmp_path))
+    assert "Rank 1 failed" in message and "SIGKILL" in message
+
+
+def test_skip_in_every_rank_skips_the_test(tmp_path: Path) -> None:
+    result = _run(_Harness, "test_all_skip", tmp_path)
+    assert not result.failures and not result.errors
+    assert [reason for _, reason in result.skipped] == ["no widgets here"]
+
+
+def test_skip_exit_code_skips_the_test(tmp_path: Path) -> None:
+    result = _run(_Harness, "test_exit_with_skip_code", tmp_path)
+    assert [reason for _, reason in result.skipped] == ["Need at least 2 CUDA devices"]
+
+
+def test_skip_decorator_skips_before_forking(tmp_path: Path) -> None:
+    result = _run(_Harness, "test_needs_gpus", tmp_path)
+    assert [reason for _, reason in result.skipped] == ["Need at least 1024 CUDA devices"]
+    assert not list(tmp_path.iterdir()), "no rank should have run"
+
+
+class AssertEqualTest(TestCase):
+    """The tensor-aware assertEqual used by every ported test."""
+
+    def test_tensors_and_nesting(self) -> None:
+        self.assertEqual(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0]))
+        self.assertEqual([[torch.tensor([1])], (torch.tensor([2]),)], [[torch.tensor([1])], [torch.tensor([2])]])
+        self.assertEqual(torch.tensor([3]), 3)
+        self.assertEqual(0, torch.tensor([]).numel())
+        with self.assertRaises(AssertionError):
+            self.assertEqual(torch.tensor([1.0]), torch.tensor([1.0], dtype=torch.float64))
+        with self.assertRaises(AssertionError):
+            self.assertEqual([torch.tensor([1])], [torch.tensor([1]), torch.tensor([2])])
+        self.assertNotEqual([torch.zeros(2)], [torch.ones(2)])
+
+    def test_message(self) -> None:
+        with self.assertRaisesRegex(AssertionError, "Mismatch in iteration 7"):
+            self.assertEqual(torch.tensor([1]), torch.tensor([2]), msg="Mismatch in iteration 7")
+        with self.assertRaisesRegex(AssertionError, "^custom: "):
+            self.assertEqual(1, 2, msg=lambda generated: f"custom: {generated}")
+
+    def test_sparse(self) -> None:
+        for inputs, outputs in simple_sparse_reduce_tests(rank=1, world_size=3, num_inputs=2):
+            self.assertEqual(len(inputs), 2)
+            dense_total = outputs[0].to_dense()
+            # Rank r of n sets entries 0..r on the first axis: entry i appears (n - i) times.
+            n = dense_total.shape[0]
+            expected_first_axis = torch.tensor([float(n - i) for i in range(n)])
+            reduced = dense_total.reshape(n, -1)[:, 0] if dense_total.dim() > 1 else dense_total
+            self.assertEqual(reduced, expected_first_axis)
+            self.assertEqual(outputs[0], outputs[1])
