@@ -82,6 +82,19 @@ class Comm:
         self.timeout = timeout
         self.op = op
         self.deadline = time.monotonic() + timeout
+        self.scratch_pool: dict | None = None
+
+    def scratch(self, slot: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A reusable buffer (fresh pages cost a page fault each; large ones are kept per group)."""
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        pool = self.scratch_pool
+        if pool is None or nbytes < (1 << 20):
+            return torch.empty(numel, dtype=dtype)
+        buf = pool.get(slot)
+        if buf is None or buf.numel() < nbytes:
+            buf = torch.empty(nbytes, dtype=torch.uint8)
+            pool[slot] = buf
+        return buf[:nbytes].view(dtype)
 
     def remaining(self) -> float:
         return self.deadline - time.monotonic()

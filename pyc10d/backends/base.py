@@ -86,6 +86,7 @@ class Engine:
         self._worker: threading.Thread | None = None
         self._broken: BaseException | None = None
         self._closed = False
+        self._scratch: dict = {}
 
     # -- identity --------------------------------------------------------------------------
     def rank(self) -> int:
@@ -161,7 +162,9 @@ class Engine:
                         f"{work.opname}: group {self.group_name!r} is unusable after an earlier "
                         f"failure: {self._broken}"
                     )
-                fn(Comm(self.transport, self.ranks, self._rank, channel, timeout, work.opname))
+                comm = Comm(self.transport, self.ranks, self._rank, channel, timeout, work.opname)
+                comm.scratch_pool = self._scratch
+                fn(comm)
             except BaseException as e:  # noqa: BLE001 - handed to the waiter
                 error = e
                 self._fail_group(e)

@@ -93,16 +93,23 @@ def _compare(actual: Any, expected: Any, path: str, opts: dict[str, Any]) -> Non
     if _is_number(actual) and _is_number(expected):
         try:
             torch.testing.assert_close(
-                actual, expected, rtol=opts["rtol"], atol=opts["atol"], equal_nan=True,
+                actual,
+                expected,
+                rtol=opts["rtol"],
+                atol=opts["atol"],
+                equal_nan=True,
                 check_dtype=False,
             )
         except AssertionError as exc:
-            raise AssertionError(f"Numbers differ{where}: {actual!r} != {expected!r}\n{exc}") from None
+            raise AssertionError(
+                f"Numbers differ{where}: {actual!r} != {expected!r}\n{exc}"
+            ) from None
         return
     if isinstance(actual, Mapping) and isinstance(expected, Mapping):
         if set(actual) != set(expected):
-            raise AssertionError(f"Keys differ{where}: {sorted(map(repr, actual))} != "
-                                 f"{sorted(map(repr, expected))}")
+            raise AssertionError(
+                f"Keys differ{where}: {sorted(map(repr, actual))} != {sorted(map(repr, expected))}"
+            )
         for key in actual:
             _compare(actual[key], expected[key], f"{path}[{key!r}]", opts)
         return
@@ -149,8 +156,12 @@ class TestCase(unittest.TestCase):
         """
         if (atol is None) != (rtol is None):
             raise ValueError("atol and rtol must be specified together")
-        opts = {"atol": atol, "rtol": rtol, "exact_dtype": exact_dtype,
-                "exact_device": exact_device}
+        opts = {
+            "atol": atol,
+            "rtol": rtol,
+            "exact_dtype": exact_dtype,
+            "exact_device": exact_device,
+        }
         try:
             _compare(first, second, "", opts)
         except AssertionError as exc:

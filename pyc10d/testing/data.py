@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def _sparse_case(rank: int, world_size: int, sparse_dims: int = 1, dense_dims: int = 0) -> torch.Tensor:
+def _sparse_case(
+    rank: int, world_size: int, sparse_dims: int = 1, dense_dims: int = 0
+) -> torch.Tensor:
     """The COO tensor ``rank`` contributes to a sparse sum over ``world_size`` ranks.
 
     Along the first sparse dimension it sets entries ``0..rank``; further sparse
@@ -60,4 +62,4 @@ def gpus_for_rank(world_size: int) -> list[list[int]]:
     """
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     per_rank = len(devices) // world_size
-    return [devices[r * per_rank:(r + 1) * per_rank] for r in range(world_size)]
+    return [devices[r * per_rank : (r + 1) * per_rank] for r in range(world_size)]

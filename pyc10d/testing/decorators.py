@@ -78,8 +78,13 @@ def requires_gloo() -> Callable[[F], F]:
 
 def skip_if_win32() -> Callable[[F], F]:
     """Skip on Windows."""
-    return _skip_when(lambda: "This unit test case is not supported on Windows platform"
-                      if sys.platform == "win32" else None)
+    return _skip_when(
+        lambda: (
+            "This unit test case is not supported on Windows platform"
+            if sys.platform == "win32"
+            else None
+        )
+    )
 
 
 def skip_but_pass_in_sandcastle(reason: str) -> Callable[[F], F]:

@@ -56,7 +56,7 @@ def _advertised_host(store: Store) -> str:
 
 def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+    for opt in ():
         try:
             sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
         except OSError:

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+import types
 import unittest
 from pathlib import Path
 
@@ -72,6 +73,13 @@ class _Harness(MultiProcessTestCase):
     @skip_if_lt_x_gpu(1024)
     def test_needs_gpus(self) -> None:
         self._record("needs_gpus")
+
+
+class _NoSpawn(MultiProcessTestCase):
+    __test__ = False
+
+    def test_nothing(self) -> None:
+        pass
 
 
 class _ShortTimeout(_Harness):
@@ -163,12 +171,50 @@ def test_skip_decorator_skips_before_forking(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir()), "no rank should have run"
 
 
+def test_missing_spawn_is_an_error(tmp_path: Path) -> None:
+    message = _only_failure(_run(_NoSpawn, "test_nothing", tmp_path))
+    assert "_spawn_processes" in message
+
+
+def _fake_dist(monkeypatch: pytest.MonkeyPatch, out_dir: Path, fail: bool) -> None:
+    """Install a module standing in for the dist module, with a group to destroy."""
+    fake = types.ModuleType("_pyc10d_fake_dist")
+
+    def destroy_process_group() -> None:
+        if fail:
+            raise RuntimeError("cannot tear down")
+        Path(out_dir, f"destroyed.{os.getpid()}").write_text("")
+
+    fake.is_initialized = lambda: True  # type: ignore[attr-defined]
+    fake.destroy_process_group = destroy_process_group  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setenv("PYC10D_TESTING_DIST", fake.__name__)
+
+
+def test_leftover_process_group_is_destroyed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_dist(monkeypatch, tmp_path, fail=False)
+    result = _run(_Harness, "test_ok", tmp_path)
+    assert result.wasSuccessful(), result.failures + result.errors
+    assert len(list(tmp_path.glob("destroyed.*"))) == 3
+
+
+def test_failing_destroy_fails_the_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_dist(monkeypatch, tmp_path, fail=True)
+    message = _only_failure(_run(_Harness, "test_ok", tmp_path))
+    assert "destroy_process_group() of _pyc10d_fake_dist failed" in message
+    assert "cannot tear down" in message
+
+
 class AssertEqualTest(TestCase):
     """The tensor-aware assertEqual used by every ported test."""
 
     def test_tensors_and_nesting(self) -> None:
         self.assertEqual(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0]))
-        self.assertEqual([[torch.tensor([1])], (torch.tensor([2]),)], [[torch.tensor([1])], [torch.tensor([2])]])
+        self.assertEqual(
+            [[torch.tensor([1])], (torch.tensor([2]),)], [[torch.tensor([1])], [torch.tensor([2])]]
+        )
         self.assertEqual(torch.tensor([3]), 3)
         self.assertEqual(0, torch.tensor([]).numel())
         with self.assertRaises(AssertionError):

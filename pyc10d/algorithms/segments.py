@@ -1,0 +1,15 @@
+"""Splitting blocks into pipeline segments, identically on every rank."""
+
+from __future__ import annotations
+
+import torch
+
+# Large enough that per-message overhead is small, small enough that a rank can forward
+# segment s while segment s+1 is still on the wire (the ring becomes a pipeline).
+SEGMENT_BYTES = 1 << 20
+
+
+def segments(block: torch.Tensor, seg_bytes: int = SEGMENT_BYTES) -> list[torch.Tensor]:
+    elems = max(1, seg_bytes // max(block.element_size(), 1))
+    flat = block.reshape(-1)
+    return list(flat.split(elems)) if flat.numel() else [flat]
