@@ -137,7 +137,8 @@ def all_gather_coalesced(output_tensor_lists: list[list[torch.Tensor]], input_te
         check_tensor_list(out, "output_tensor_lists")
     check_tensor_list(input_tensor_list, "input_tensor_list")
     ensure_same_dtype(input_tensor_list)
-    ensure_same_dtype(output_tensor_lists)
+    for out in output_tensor_lists:
+        ensure_same_dtype(out)
     pg = group_or_warn(group, "all_gather_coalesced")
     if pg is None:
         return None
@@ -214,13 +215,22 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
     check_tensor(output, "output")
     check_tensor(input, "input")
     ensure_same_dtype(output, input)
+    if not (output.is_contiguous() and input.is_contiguous()):
+        raise ValueError("all_to_all_single: Tensors must be contiguous")
     pg = group_or_warn(group, "all_to_all_single")
     if pg is None:
         return None
     if input.is_complex():
         input, output = torch.view_as_real(input), torch.view_as_real(output)
-    return invoke(pg, "alltoall_base", output, input, list(output_split_sizes or []),
-                  list(input_split_sizes or []), AllToAllOptions(), async_op=async_op)
+    return invoke(pg, "alltoall_base", output, input, _split_list(output_split_sizes),
+                  _split_list(input_split_sizes), AllToAllOptions(), async_op=async_op)
+
+
+def _split_list(sizes: Any) -> list[int]:
+    """Split sizes as a list of ints; torch also takes a tensor of them (None: even split)."""
+    if sizes is None:
+        return []
+    return [int(s) for s in (sizes.tolist() if isinstance(sizes, torch.Tensor) else sizes)]
 
 
 def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[torch.Tensor], group: Any = None,

@@ -14,7 +14,7 @@ from .process_group import Backend, ProcessGroup, make_engine
 from .rendezvous import rendezvous
 from .store import PrefixStore, Store
 from .types import DEFAULT_TIMEOUT
-from .world import GroupMember, NonGroupMember, current_world
+from .world import GroupMember, NonGroupMember, current_world, ensure_thread_world
 
 __all__ = [
     "init_process_group", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
@@ -88,8 +88,11 @@ def init_process_group(
     pg_options: Any = None,
     device_id: Any = None,
 ) -> None:
-    """Create the default group: rendezvous, then connect every rank (``backend`` tcp/gloo/...)."""
-    world = current_world()
+    """Create the default group: rendezvous, then connect every rank (``backend`` tcp/gloo/...).
+
+    With ``backend="threaded"`` the calling thread is one rank and gets its own World.
+    """
+    world = ensure_thread_world() if Backend.resolve(backend) == Backend.THREADED else current_world()
     if world.default_pg is not None:
         raise ValueError("trying to initialize the default process group twice!")
     if store is not None and init_method is not None:

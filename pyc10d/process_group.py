@@ -17,8 +17,10 @@ from typing import Any
 import torch
 
 from .backends import Options
+from .backends.fake import FakeBackend
 from .backends.tcp import Backend as _Engine
 from .backends.tcp import TCPBackend
+from .backends.threaded import ThreadedBackend
 from .store.base import Store
 from .types import DEFAULT_TIMEOUT
 
@@ -76,6 +78,10 @@ def register_factory(name: str, factory: Callable[[Store, int, int, timedelta, s
     _FACTORIES[name] = factory
     if name not in Backend.backend_list:
         Backend.backend_list.append(name)
+
+
+register_factory("threaded", ThreadedBackend.create)
+register_factory("fake", FakeBackend.create)
 
 
 def make_engine(backend: str, store: Store, rank: int, size: int, timeout: timedelta, name: str) -> Any:

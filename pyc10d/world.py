@@ -98,3 +98,11 @@ def current_world() -> World:
 def set_thread_world(world: World | None) -> None:
     """Give the calling thread its own World (threaded backend), or None to use the process's."""
     _local.world = world
+
+
+def ensure_thread_world() -> World:
+    """The calling thread's own World, made if it has none (ranks of the threaded backend)."""
+    w = getattr(_local, "world", None)
+    if w is None:
+        w = _local.world = World()
+    return w

@@ -13,7 +13,7 @@ step k-1 finished sending).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -9,7 +9,10 @@ import torch
 SEGMENT_BYTES = 1 << 20
 
 
-def segments(block: torch.Tensor, seg_bytes: int = SEGMENT_BYTES) -> list[torch.Tensor]:
+def segments(block: torch.Tensor, seg_bytes: int | None = None) -> list[torch.Tensor]:
+    # Read SEGMENT_BYTES at call time (not as a default argument) so it can be tuned/patched.
+    if seg_bytes is None:
+        seg_bytes = SEGMENT_BYTES
     elems = max(1, seg_bytes // max(block.element_size(), 1))
     flat = block.reshape(-1)
     return list(flat.split(elems)) if flat.numel() else [flat]

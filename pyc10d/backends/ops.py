@@ -76,10 +76,11 @@ class CollectiveOps(Engine):
         red = as_reduce_op(opts.reduceOp)
         ck.check_non_empty("allreduce_coalesced", tensors)
         for i, t in enumerate(tensors):
-            if t.dtype != tensors[0].dtype:
-                ck.fail("allreduce_coalesced", "tensors must all have the same type")
             if t.layout != tensors[0].layout:
                 ck.fail("allreduce_coalesced", f"invalid tensor layout at index {i}")
+        for t in tensors:
+            if t.dtype != tensors[0].dtype:
+                ck.fail("allreduce_coalesced", "tensors must all have the same type")
         ck.check_dense("allreduce_coalesced", tensors)
         self._check_device(tensors, "allreduce_coalesced")
         check_op(red, tensors[0].dtype, "allreduce_coalesced")

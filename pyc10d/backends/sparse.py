@@ -33,5 +33,6 @@ def sparse_allreduce(comm: Comm, tensors: list[torch.Tensor]) -> None:
     total = torch.sparse_coo_tensor(
         torch.cat(idx_blocks, dim=1), torch.cat(val_blocks, dim=0), local.shape
     ).coalesce()
-    for t in tensors:
-        t.detach().copy_(total)
+    with torch.no_grad():  # a detached alias of a sparse tensor would take the copy, not ``t``
+        for t in tensors:
+            t.copy_(total)

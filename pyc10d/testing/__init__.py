@@ -25,15 +25,19 @@ from pyc10d.testing.decorators import (
     skip_if_small_worldsize,
     skip_if_win32,
 )
+from pyc10d.testing.fake import FakeStore
 from pyc10d.testing.multiprocess import MultiProcessTestCase
 from pyc10d.testing.net import LOOPBACK, Device, create_device, find_free_port
+from pyc10d.testing.threaded import MultiThreadedTestCase, spawn_threads_and_init_comms
 
 __all__ = [
     "ADDRESS_IN_USE",
     "CONNECT_TIMEOUT",
     "Device",
+    "FakeStore",
     "LOOPBACK",
     "MultiProcessTestCase",
+    "MultiThreadedTestCase",
     "SEED",
     "TestCase",
     "create_device",
@@ -52,4 +56,5 @@ __all__ = [
     "skip_if_lt_x_gpu",
     "skip_if_small_worldsize",
     "skip_if_win32",
+    "spawn_threads_and_init_comms",
 ]

@@ -19,7 +19,7 @@ def _sparse_case(
     indices = torch.stack(rows)
     values = torch.ones([nnz] + [2] * dense_dims)
     size = [world_size] * sparse_dims + [2] * dense_dims
-    return torch.sparse_coo_tensor(indices, values, size)
+    return torch.sparse_coo_tensor(indices, values, size, check_invariants=True)
 
 
 _SPARSE_LAYOUTS = [

@@ -1,0 +1,140 @@
+"""Deterministic inputs, single-process reference results and a mismatch collector.
+
+Shared by the multi-rank suites: every rank can regenerate every other rank's input from
+``(key, rank)``, so it computes the expected result of a collective locally.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+
+import torch
+
+DTYPES: list[torch.dtype] = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+    torch.int32, torch.int64, torch.bool, torch.complex64,
+]
+FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def short(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def gen(key: str, rank: int, dtype: torch.dtype, shape: tuple[int, ...] | int) -> torch.Tensor:
+    """The input of ``rank`` for case ``key``: small integer values, so that sums and products
+    of up to 5 ranks are exact in every dtype (even float16/bfloat16) in any order."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    g = torch.Generator().manual_seed(zlib.crc32(f"{key}|{rank}".encode()))
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_complex:
+        re = torch.randint(-4, 5, shape, generator=g).float()
+        im = torch.randint(-4, 5, shape, generator=g).float()
+        return torch.complex(re, im).to(dtype)
+    if dtype.is_floating_point:
+        return torch.randint(-4, 5, shape, generator=g).to(dtype)
+    lo, hi = {torch.uint8: (0, 256), torch.int8: (-128, 128)}.get(dtype, (-1000, 1000))
+    return torch.randint(lo, hi, shape, generator=g).to(dtype)
+
+
+def op_names(dtype: torch.dtype) -> list[str]:
+    """Every reduction valid for ``dtype`` (PREMUL_SUM twice: float and tensor factor)."""
+    if dtype.is_complex:
+        return ["SUM", "AVG", "PREMUL_SUM"]
+    if dtype.is_floating_point:
+        return ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "PREMUL_SUM", "PREMUL_SUM_T"]
+    return ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+
+
+def factor_of(name: str) -> float | torch.Tensor | None:
+    if name == "PREMUL_SUM":
+        return 0.5
+    if name == "PREMUL_SUM_T":
+        return torch.tensor(2.0)
+    return None
+
+
+def reduce_op(dist, name: str):  # noqa: ANN001, ANN201
+    """``dist.ReduceOp.<name>``, or a premul-sum op built with ``dist._make_premul_sum``."""
+    if name.startswith("PREMUL_SUM"):
+        return dist._make_premul_sum(factor_of(name))
+    return getattr(dist.ReduceOp, name)
+
+
+def ref_reduce(xs: list[torch.Tensor], name: str) -> torch.Tensor:
+    """Reduce the ranks' tensors ``xs`` with op ``name``, in the inputs' dtype."""
+    dtype, n = xs[0].dtype, len(xs)
+    if name.startswith("PREMUL_SUM"):
+        xs = [x * factor_of(name) for x in xs]
+        name = "SUM"
+    st = torch.stack(xs)
+    wide = torch.complex128 if dtype.is_complex else torch.float64 if dtype.is_floating_point else torch.int64
+    if name in ("SUM", "AVG"):
+        r = st.any(0) if dtype == torch.bool else st.to(wide).sum(0).to(dtype)
+        return r.div(n) if name == "AVG" else r
+    if name == "PRODUCT":
+        return st.all(0) if dtype == torch.bool else st.to(wide).prod(0).to(dtype)
+    if name in ("MIN", "MAX"):
+        s = st.to(torch.uint8) if dtype == torch.bool else st
+        r = s.amin(0) if name == "MIN" else s.amax(0)
+        return r.to(dtype)
+    fn = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}[name]
+    return functools.reduce(fn, xs)
+
+
+def strided(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A non-contiguous view with ``t``'s values, and its base (odd columns must stay 0)."""
+    base = torch.stack([t, torch.zeros_like(t)], dim=-1)
+    return base[..., 0], base
+
+
+def guard_ok(base: torch.Tensor) -> bool:
+    pad = base[..., 1]
+    return torch.equal(pad, torch.zeros_like(pad))
+
+
+def _describe(got: torch.Tensor, want: torch.Tensor) -> str:
+    if not isinstance(got, torch.Tensor):
+        return f"got {got!r}"
+    if got.dtype != want.dtype or got.shape != want.shape:
+        return f"got {short(got.dtype)}{list(got.shape)}, want {short(want.dtype)}{list(want.shape)}"
+    diff = (got != want).reshape(-1).nonzero()
+    i = int(diff[0]) if diff.numel() else 0
+    return (f"{diff.numel()} of {got.numel()} elements differ, first at flat index {i}: "
+            f"got {got.reshape(-1)[i].item()!r}, want {want.reshape(-1)[i].item()!r}")
+
+
+class Check:
+    """Collects mismatches so a rank keeps in step with the others and reports all of them."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.count = 0
+        self.bad: list[str] = []
+
+    def eq(self, got: torch.Tensor, want: torch.Tensor, what: str, approx: bool = False) -> None:
+        self.count += 1
+        ok = isinstance(got, torch.Tensor) and got.dtype == want.dtype and got.shape == want.shape
+        if ok:
+            if approx and (want.dtype.is_floating_point or want.dtype.is_complex):
+                ok = torch.allclose(got, want, rtol=1e-2, atol=1e-2)
+            else:
+                ok = torch.equal(got, want)
+        if not ok:
+            self.bad.append(f"{what}: {_describe(got, want)}")
+
+    def true(self, cond: bool, what: str) -> None:
+        self.count += 1
+        if not cond:
+            self.bad.append(what)
+
+    def finish(self) -> int:
+        if self.bad:
+            more = f"\n... and {len(self.bad) - 25} more" if len(self.bad) > 25 else ""
+            raise AssertionError(
+                f"rank {self.rank}: {len(self.bad)} of {self.count} checks failed:\n"
+                + "\n".join(self.bad[:25]) + more
+            )
+        return self.count
