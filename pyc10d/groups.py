@@ -109,10 +109,12 @@ def init_process_group(
     if not 0 <= rank < world_size:
         raise ValueError(f"init_process_group: rank {rank} is out of range for world_size {world_size}")
     name = group_name or "0"
-    backend_name = str(backend).lower() if backend else "tcp"
+    backend_name = str(backend).lower() if backend else "auto"
     engine = make_engine(backend_name, PrefixStore(f"{name}/", store), rank, world_size, timeout, name)
+    if backend_name == "auto":  # report (and let new_group reuse) what "auto" chose
+        backend_name = getattr(engine, "backend_name", "tcp")
     pg = engine if isinstance(engine, ProcessGroup) else ProcessGroup(
-        engine, rank, world_size, name, list(range(world_size)), backend_name
+        rank, world_size, engine=engine, group_name=name, backend_name=backend_name
     )
     world.default_pg = pg
     world.default_store = store
@@ -189,7 +191,7 @@ def _new_group_with_tag(
         engine.options = pg_options
         engine.options._timeout = timeout
     pg = engine if isinstance(engine, ProcessGroup) else ProcessGroup(
-        engine, group_rank, len(ranks), name, ranks, backend_name
+        group_rank, len(ranks), engine=engine, group_name=name, ranks=ranks, backend_name=backend_name
     )
     if group_desc:
         pg.group_desc = group_desc

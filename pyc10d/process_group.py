@@ -18,6 +18,7 @@ import torch
 
 from .backends import Options
 from .backends.fake import FakeBackend
+from .backends.shm import ShmBackend, create_auto
 from .backends.tcp import Backend as _Engine
 from .backends.tcp import TCPBackend
 from .backends.threaded import ThreadedBackend
@@ -63,7 +64,7 @@ class Backend(str):
 
     @classmethod
     def resolve(cls, name: str | None) -> str:
-        value = "tcp" if name in (None, "", "undefined", "auto") else str(name).lower()
+        value = "auto" if name in (None, "", "undefined") else str(name).lower()
         if ":" in value:  # "cpu:gloo,cuda:nccl"
             parts = dict(p.split(":", 1) for p in value.split(","))
             value = parts.get("cpu", next(iter(parts.values())))
@@ -82,6 +83,8 @@ def register_factory(name: str, factory: Callable[[Store, int, int, timedelta, s
 
 register_factory("threaded", ThreadedBackend.create)
 register_factory("fake", FakeBackend.create)
+register_factory("shm", ShmBackend.create)
+register_factory("auto", create_auto)  # the default: shm when all ranks share this host
 
 
 def make_engine(backend: str, store: Store, rank: int, size: int, timeout: timedelta, name: str) -> Any:
@@ -97,9 +100,11 @@ class ProcessGroup:
     """A group of ranks. ``rank()``/``size()`` are group-local; calls not defined here go to the backend."""
 
     def __init__(
-        self, engine: Any, rank: int, size: int, group_name: str = "", ranks: list[int] | None = None,
-        backend_name: str = "tcp",
+        self, *args: Any, engine: Any = None, group_name: str = "", ranks: list[int] | None = None,
+        backend_name: str = "custom",
     ) -> None:
+        """``ProcessGroup(rank, size)`` or ``(store, rank, size)`` as torch; pyc10d passes ``engine=``."""
+        rank, size = int(args[-2]), int(args[-1])
         self._engine = engine
         self._rank = rank
         self._size = size
@@ -148,9 +153,10 @@ class ProcessGroup:
         self._engine.abort()
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.__dict__["_engine"], name)
+        engine = self.__dict__.get("_engine")
+        if name.startswith("__") or engine is None:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return getattr(engine, name)
 
     def __repr__(self) -> str:
         return f"<ProcessGroup {self._group_name!r} rank={self._rank} size={self._size} backend={self._backend_name}>"
@@ -173,7 +179,7 @@ class ProcessGroupGloo(ProcessGroup):
         name = f"gloo_pg_{next(ProcessGroupGloo._counter)}"
         engine = TCPBackend.create(store, rank, size, options._timeout, name)
         engine.options = options
-        super().__init__(engine, rank, size, name, list(range(size)), "gloo")
+        super().__init__(rank, size, engine=engine, group_name=name, backend_name="gloo")
 
     @staticmethod
     def create_device(interface: str | None = None, hostname: str | None = None, lazy_init: Any = None) -> _DeviceSpec:
@@ -199,7 +205,9 @@ class RoundRobinProcessGroup(ProcessGroup):
                 raise ValueError("_round_robin_process_groups: groups must have the same size and rank")
         self._groups = groups
         self._cycle = itertools.cycle(groups)
-        super().__init__(None, first.rank(), first.size(), "round_robin", first.global_ranks, "round_robin")
+        super().__init__(
+            first.rank(), first.size(), group_name="round_robin", ranks=first.global_ranks, backend_name="round_robin"
+        )
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):

@@ -17,6 +17,15 @@ DTYPES: list[torch.dtype] = [
 ]
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
+#: Thresholds (bytes) and segment size used by most families: ring above 2 KiB, 512 B segments.
+PATCHED = {
+    "pyc10d.algorithms.SMALL_ALLREDUCE": 2048,
+    "pyc10d.algorithms.SMALL_BROADCAST": 2048,
+    "pyc10d.algorithms.SMALL_REDUCE_SCATTER": 1024,
+    "pyc10d.algorithms.SMALL_ALLGATHER": 1024,
+    "pyc10d.algorithms.segments.SEGMENT_BYTES": 512,
+}
+
 
 def short(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")

@@ -18,18 +18,22 @@ import warnings
 import pytest
 import torch
 from _multirank import BACKENDS, run_ranks
-from _refs import DTYPES, FLOATS, Check, gen, guard_ok, op_names, reduce_op, ref_reduce, short, strided
+from _refs import (
+    DTYPES,
+    FLOATS,
+    PATCHED,
+    Check,
+    gen,
+    guard_ok,
+    op_names,
+    reduce_op,
+    ref_reduce,
+    short,
+    strided,
+)
 
 import pyc10d as dist
 
-#: Thresholds (bytes) and segment size used by most families: ring above 2 KiB, 512 B segments.
-PATCHED = {
-    "pyc10d.algorithms.SMALL_ALLREDUCE": 2048,
-    "pyc10d.algorithms.SMALL_BROADCAST": 2048,
-    "pyc10d.algorithms.SMALL_REDUCE_SCATTER": 1024,
-    "pyc10d.algorithms.SMALL_ALLGATHER": 1024,
-    "pyc10d.algorithms.segments.SEGMENT_BYTES": 512,
-}
 #: Every threshold at 0 and 8-byte segments: rings even for 1 element (blocks empty when n < ws).
 RING_EVERYWHERE = {k: 0 for k in PATCHED} | {"pyc10d.algorithms.segments.SEGMENT_BYTES": 8}
 #: > every patched threshold for 1-byte dtypes too; prime, so never divisible by the world size.
@@ -38,15 +42,11 @@ SIZES = [0, 1, 1009, LARGE]
 RUN_TIMEOUT = 40.0
 
 
-def _sizes_for(dtype: torch.dtype) -> list[int]:
-    return SIZES
-
-
 # -- families (each runs on every rank of one launch) ------------------------------------------
 def fam_all_reduce(rank: int, ws: int) -> int:
     c = Check(rank)
     for dtype in DTYPES:
-        for n in _sizes_for(dtype):
+        for n in SIZES:
             for name in op_names(dtype):
                 key = f"ar/{short(dtype)}/{n}/{name}"
                 xs = [gen(key, r, dtype, n) for r in range(ws)]
@@ -72,7 +72,7 @@ def fam_broadcast(rank: int, ws: int) -> int:
     c = Check(rank)
     for src in range(ws):
         for dtype in DTYPES:
-            for n in _sizes_for(dtype):
+            for n in SIZES:
                 key = f"bc/{src}/{short(dtype)}/{n}"
                 t = gen(key, rank, dtype, n)
                 dist.broadcast(t, src=src)
@@ -90,7 +90,7 @@ def fam_reduce(rank: int, ws: int) -> int:
     for dst in range(ws):
         for dtype in DTYPES:
             names = op_names(dtype)
-            for n in _sizes_for(dtype):
+            for n in SIZES:
                 # two ops per size, rotating through all of them
                 for name in dict.fromkeys([names[(n + dst) % len(names)], names[(n + dst + 1) % len(names)]]):
                     key = f"red/{dst}/{short(dtype)}/{n}/{name}"
@@ -112,7 +112,7 @@ def fam_reduce(rank: int, ws: int) -> int:
 def fam_all_gather(rank: int, ws: int) -> int:
     c = Check(rank)
     for dtype in DTYPES:
-        for n in _sizes_for(dtype):
+        for n in SIZES:
             key = f"ag/{short(dtype)}/{n}"
             want = [gen(key, r, dtype, n) for r in range(ws)]
             outs = [torch.empty(n, dtype=dtype) for _ in range(ws)]
@@ -144,7 +144,7 @@ def fam_gather_scatter(rank: int, ws: int) -> int:
     c = Check(rank)
     for root in range(ws):
         for dtype in DTYPES:
-            for n in _sizes_for(dtype):
+            for n in SIZES:
                 key = f"ga/{root}/{short(dtype)}/{n}"
                 outs = [torch.empty(n, dtype=dtype) for _ in range(ws)] if rank == root else None
                 dist.gather(gen(key, rank, dtype, n), outs, dst=root)
@@ -176,7 +176,7 @@ def fam_reduce_scatter(rank: int, ws: int) -> int:
     c = Check(rank)
     for dtype in DTYPES:
         names = op_names(dtype)
-        for n in _sizes_for(dtype):
+        for n in SIZES:
             for name in names:
                 key = f"rst/{short(dtype)}/{n}/{name}"
                 xs = [gen(key, r, dtype, ws * n) for r in range(ws)]
@@ -247,14 +247,27 @@ def fam_all_to_all(rank: int, ws: int) -> int:
             want = torch.cat([gen(key, j, dtype, (ws * rows, 3))[rank * rows:(rank + 1) * rows]
                               for j in range(ws)])
             c.eq(out, want, key)
-        # non-contiguous input and output
+        # all_to_all_single rejects non-contiguous tensors, locally, before anything moves (torch
+        # rejects a strided input too; a strided output it writes as if it were contiguous)
         key = f"a2as-strided/{short(dtype)}"
-        inp, _ = strided(gen(key, rank, dtype, ws * 4))
-        out, base = strided(torch.zeros(ws * 4, dtype=dtype))
-        dist.all_to_all_single(out, inp)
-        want = torch.cat([gen(key, j, dtype, ws * 4)[rank * 4:(rank + 1) * 4] for j in range(ws)])
-        c.eq(out, want, key)
+        strided_in, _ = strided(gen(key, rank, dtype, ws * 4))
+        strided_out, base = strided(torch.zeros(ws * 4, dtype=dtype))
+        for what, o, i in (("input", torch.empty(ws * 4, dtype=dtype), strided_in),
+                           ("output", strided_out, gen(key, rank, dtype, ws * 4))):
+            try:
+                dist.all_to_all_single(o, i)
+                c.true(False, f"{key}: strided {what} accepted")
+            except ValueError as e:
+                c.true("contiguous" in str(e), f"{key}: strided {what}: {e}")
         c.true(guard_ok(base), f"{key}: wrote outside the view")
+        # all_to_all (tensor lists) takes non-contiguous tensors
+        key = f"a2a-strided/{short(dtype)}"
+        ins = [strided(gen(f"{key}/{j}", rank, dtype, (3, 2)))[0] for j in range(ws)]
+        pairs = [strided(torch.zeros(3, 2, dtype=dtype)) for _ in range(ws)]
+        dist.all_to_all([v for v, _ in pairs], ins)
+        for j, (v, b) in enumerate(pairs):
+            c.eq(v, gen(f"{key}/{rank}", j, dtype, (3, 2)), f"{key} from {j}")
+            c.true(guard_ok(b), f"{key}: wrote outside output view {j}")
     return c.finish()
 
 

@@ -1,26 +1,35 @@
 """Collective algorithms, one per file, each a pure function of a ``Comm``.
 
 ``select`` is the one place that decides which algorithm runs, by collective, world size
-and message size; ``docs/algorithms.md`` lists the steps and bytes of each.
+and message size; ``docs/algorithms.md`` lists the steps and bytes of each. ``select_shm``
+does the same for the shared-memory algorithms (``*_shm_*``, functions of a ``ShmComm``).
 """
 
 from __future__ import annotations
 
 from .allgather_direct import allgather_direct
 from .allgather_ring import allgather_ring
+from .allgather_shm_chunked import allgather_shm_chunked
 from .allreduce_direct import allreduce_direct
 from .allreduce_ring import allreduce_ring
+from .allreduce_shm_flat import allreduce_shm_flat
+from .allreduce_shm_rsag import allreduce_shm_rsag
 from .alltoall_pairwise import alltoall_pairwise
+from .alltoall_shm_chunked import alltoall_shm_chunked
 from .barrier_direct import barrier_direct
+from .barrier_shm_counter import barrier_shm_counter
 from .broadcast_direct import broadcast_direct
 from .broadcast_scatter_allgather import broadcast_scatter_allgather
+from .broadcast_shm_chunked import broadcast_shm_chunked
 from .comm import Comm
 from .gather_direct import gather_direct
 from .reduce_direct import reduce_direct
 from .reduce_ring import reduce_ring
 from .reduce_scatter_direct import reduce_scatter_direct
 from .reduce_scatter_ring import reduce_scatter_ring
+from .reduce_scatter_shm_chunked import reduce_scatter_shm_chunked
 from .scatter_direct import scatter_direct
+from .shm_comm import ShmComm
 
 # Below these sizes (bytes per rank) one flat round beats the 2(n-1) steps of a ring.
 SMALL_ALLREDUCE = 256 * 1024
@@ -45,9 +54,33 @@ def select(collective: str, world_size: int, nbytes: int):  # noqa: ANN201
     raise KeyError(collective)
 
 
+# Shared memory: up to this many bytes every rank reduces the whole tensor after one phase;
+# above it ranks reduce one slice each (n times less reduction work, one more phase).
+SHM_FLAT_ALLREDUCE = 16 * 1024
+
+
+def select_shm(collective: str, world_size: int, nbytes: int, slot_bytes: int):  # noqa: ANN201
+    """The shared-memory algorithm for ``collective`` (``slot_bytes``: one rank's slot).
+
+    Only all_reduce/reduce choose by size; the chunked algorithms of the other collectives
+    are a single flat exchange whenever the message fits one slot.
+    """
+    if collective in ("allreduce", "reduce"):
+        flat = nbytes <= min(SHM_FLAT_ALLREDUCE, slot_bytes) or world_size == 1
+        return allreduce_shm_flat if flat else allreduce_shm_rsag
+    table = {
+        "broadcast": broadcast_shm_chunked, "reduce_scatter": reduce_scatter_shm_chunked,
+        "allgather": allgather_shm_chunked, "alltoall": alltoall_shm_chunked,
+        "barrier": barrier_shm_counter,
+    }
+    return table[collective]
+
+
 __all__ = [
     "Comm", "select", "allgather_direct", "allgather_ring", "allreduce_direct", "allreduce_ring",
     "alltoall_pairwise", "barrier_direct", "broadcast_direct", "broadcast_scatter_allgather",
     "gather_direct", "reduce_direct", "reduce_ring", "reduce_scatter_direct",
-    "reduce_scatter_ring", "scatter_direct",
+    "reduce_scatter_ring", "scatter_direct", "ShmComm", "select_shm", "allgather_shm_chunked",
+    "allreduce_shm_flat", "allreduce_shm_rsag", "alltoall_shm_chunked", "barrier_shm_counter",
+    "broadcast_shm_chunked", "reduce_scatter_shm_chunked",
 ]

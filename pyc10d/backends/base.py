@@ -200,7 +200,13 @@ class Engine:
             worker = self._worker
         if worker is not None:
             self._queue.put(None)
-            worker.join(timeout=self.timeout_s)
+            if self._pending:
+                # An operation peers never joined would hold the thread until its timeout.
+                self.transport.cancel(
+                    self.group_key,
+                    DistBackendError(f"process group {self.group_name!r} was destroyed with operations pending"),
+                )
+            worker.join(timeout=5.0)
         if self._owns_transport:
             self.transport.close()
 

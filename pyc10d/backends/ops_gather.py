@@ -42,6 +42,14 @@ def _reduce_scatter_into(comm: algo.Comm, out: torch.Tensor, inp: torch.Tensor, 
 
 
 class GatherOps(Engine):
+    def _gather_into(self, comm: algo.Comm, out: torch.Tensor, inp: torch.Tensor) -> None:
+        """The all-gather step of every all_gather variant (a backend may override it)."""
+        _gather_into(comm, out, inp)
+
+    def _alltoall_blocks(self, comm: algo.Comm, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+        """The exchange step of both all_to_all variants (a backend may override it)."""
+        algo.alltoall_pairwise(comm, ins, outs)
+
     # -- all_gather -----------------------------------------------------------------------
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: AllgatherOptions | None = None, _sync: bool = False) -> Work:
         if isinstance(input_tensors, torch.Tensor):
@@ -64,7 +72,7 @@ class GatherOps(Engine):
             one = inputs[0].numel()
             packed_in = torch.cat([flat(host(t)) for t in inputs]) if k > 1 else flat(host(inputs[0]))
             packed_out = torch.empty(comm.size * k * one, dtype=inputs[0].dtype)
-            _gather_into(comm, packed_out, packed_in)
+            self._gather_into(comm, packed_out, packed_in)
             pieces = packed_out.view(comm.size * k, -1) if one else None
             for out in outputs:
                 for i, t in enumerate(out):
@@ -81,7 +89,7 @@ class GatherOps(Engine):
 
         def run(comm: algo.Comm) -> None:
             h = host(output)
-            _gather_into(comm, h, input)
+            self._gather_into(comm, h, input)
             writeback(output, h)
 
         return self._submit("allgather_into_tensor", run, [output], opts, _sync)
@@ -96,7 +104,7 @@ class GatherOps(Engine):
         def run(comm: algo.Comm) -> None:
             for o, i in zip(outputs, inputs):
                 h = host(o)
-                _gather_into(comm, h, i)
+                self._gather_into(comm, h, i)
                 writeback(o, h)
 
         return self._submit("allgather_into_tensor_coalesced", run, list(outputs), opts, _sync)
@@ -116,7 +124,7 @@ class GatherOps(Engine):
         def run(comm: algo.Comm) -> None:
             for i, t in enumerate(input_list):
                 packed = torch.empty(comm.size * t.numel(), dtype=t.dtype)
-                _gather_into(comm, packed, t)
+                self._gather_into(comm, packed, t)
                 for r, out in enumerate(output_lists):
                     out[i].detach().copy_(packed[r * t.numel():(r + 1) * t.numel()].view(out[i].shape))
 
@@ -254,7 +262,7 @@ class GatherOps(Engine):
             hin, hout = host(input), host(output)
             ins = list(hin.split(in_splits)) if hin.dim() else [hin.view(-1)] * n
             outs = list(hout.split(out_splits)) if hout.dim() else [hout.view(-1)] * n
-            algo.alltoall_pairwise(comm, ins, outs)
+            self._alltoall_blocks(comm, ins, outs)
             writeback(output, hout)
 
         return self._submit("alltoall_base", run, [output], opts, _sync)
@@ -280,7 +288,7 @@ class GatherOps(Engine):
 
         def run(comm: algo.Comm) -> None:
             hout = [host(o) for o in output_tensors]
-            algo.alltoall_pairwise(comm, [host(i) for i in input_tensors], hout)
+            self._alltoall_blocks(comm, [host(i) for i in input_tensors], hout)
             for o, h in zip(output_tensors, hout):
                 writeback(o, h)
 

@@ -1,7 +1,8 @@
 """Driver: ``python -m pyc10d.bench [options]`` (``--help`` lists them).
 
 For each backend and world size it launches one job of ``world_size`` ranks on 127.0.0.1
-(through ``pyc10d.run``, on a fresh free port), collects rank 0's records, then prints the
+(through ``pyc10d.run``, on a fresh free port; a threaded backend's job is one process whose
+ranks are threads), collects rank 0's records, then prints the
 tables, writes ``<out>/bench-<time>.json`` and ``.png`` (and copies named ``latest.*``), and
 prints the single-process memcpy bandwidth as the physical bound.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench import metrics, report
+from pyc10d.bench.worker import in_threads
 
 
 def free_port() -> int:
@@ -58,11 +60,14 @@ def run_job(backend: str, world_size: int, ops: list[str], sizes: list[int], ite
             timeout: float, workdir: Path) -> tuple[list[dict[str, Any]], str | None]:
     """One job: ``world_size`` ranks of ``backend``; returns (records, error or None)."""
     out = workdir / f"{backend}-{world_size}.json"
-    cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", str(world_size),
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           "--term-timeout", "3", "-m", "pyc10d.bench.worker", "--backend", backend,
-           "--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes)),
+    job = ["--backend", backend, "--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes)),
            "--iters", str(iters), "--out", str(out)]
+    if in_threads(backend):  # one process, its ranks are threads
+        cmd = [sys.executable, "-m", "pyc10d.bench.worker", "--world-size", str(world_size), *job]
+    else:
+        cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", str(world_size),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+               "--term-timeout", "3", "-m", "pyc10d.bench.worker", *job]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, env=env)
     try:
@@ -90,9 +95,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     p = argparse.ArgumentParser(prog="python -m pyc10d.bench",
                                 description="nccl-tests style collective benchmarks.")
-    p.add_argument("--backends", type=csv, default=["pyc10d-tcp", "gloo"],
-                   help="pyc10d-<name> (pyc10d backend), gloo or torch-<name> "
-                   "(torch.distributed); default pyc10d-tcp,gloo")
+    p.add_argument("--backends", type=csv, default=["pyc10d-tcp", "pyc10d-threaded", "gloo"],
+                   help="pyc10d-<name> (pyc10d backend; pyc10d-threaded runs its ranks as "
+                   "threads of one process), gloo or torch-<name> (torch.distributed); "
+                   "default pyc10d-tcp,pyc10d-threaded,gloo")
     p.add_argument("--ops", type=csv, default=metrics.DEFAULT_OPS,
                    help=f"some of {','.join(metrics.OPS)}; default all but reduce")
     p.add_argument("--world-sizes", type=lambda s: [int(x) for x in csv(s)], default=[2, 4])

@@ -1,7 +1,8 @@
 """The per-rank body of a benchmark job; started by the driver through ``pyc10d.run``.
 
 ``python -m pyc10d.run --nproc-per-node N -m pyc10d.bench.worker --backend gloo --ops
-all_reduce --sizes 8,1024 --iters 20 --out result.json``
+all_reduce --sizes 8,1024 --iters 20 --out result.json``; for a threaded backend the driver
+starts one worker with ``--world-size N`` instead, whose ranks are N threads.
 
 Every rank joins the group over ``env://``; for each op and size it builds float32 tensors,
 checks the result of the first call against values computed locally, runs the warm-up
@@ -18,6 +19,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -98,10 +100,21 @@ def time_op(dist: ModuleType, run: Callable[[], Any], warmup: int, iters: int) -
     return times.tolist()
 
 
-def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Run every (op, size) of this job; every rank returns the same records."""
+def in_threads(name: str) -> bool:
+    """Backends whose ranks are threads of one worker process, not processes of their own."""
+    return name == "pyc10d-threaded"
+
+
+def bench(args: argparse.Namespace, init: Callable[[], None] | None = None) -> list[dict[str, Any]]:
+    """Run every (op, size) of this job; every rank returns the same records.
+
+    ``init`` joins the group (default: ``init_process_group`` over ``env://``).
+    """
     dist, backend = load_backend(args.backend)
-    dist.init_process_group(backend=backend, init_method="env://")
+    if init is None:
+        dist.init_process_group(backend=backend, init_method="env://")
+    else:
+        init()
     rank, n = dist.get_rank(), dist.get_world_size()
     records: list[dict[str, Any]] = []
     try:
@@ -135,6 +148,33 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     return records
 
 
+def bench_threads(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The whole job in this process: ``--world-size`` ranks as threads (threaded backend)."""
+    dist, backend = load_backend(args.backend)
+    store = dist.HashStore()
+    results: dict[int, list[dict[str, Any]]] = {}
+    errors: list[str] = []
+
+    def rank_main(rank: int) -> None:
+        def init() -> None:
+            dist.init_process_group(backend=backend, store=store, rank=rank,
+                                    world_size=args.world_size)
+        try:
+            results[rank] = bench(args, init)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(f"rank {rank}: {type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=rank_main, args=(r,), name=f"rank{r}")
+               for r in range(args.world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError("; ".join(errors))
+    return results[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m pyc10d.bench.worker`` (one rank)."""
     p = argparse.ArgumentParser(prog="python -m pyc10d.bench.worker")
@@ -143,11 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
     p.add_argument("--iters", type=int, default=30, help="timed iterations up to 1 MiB")
     p.add_argument("--out", required=True, help="JSON file rank 0 writes its records to")
+    p.add_argument("--world-size", type=int, default=0,
+                   help="ranks as threads of this process (threaded backends; no launcher)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     # torch 2.13 marks *_into_tensor / *_tensor deprecated; the names are still what we time
     warnings.filterwarnings("ignore", message=".*is deprecated", category=FutureWarning)
-    records = bench(args)
+    records = bench_threads(args) if args.world_size > 0 else bench(args)
     if int(os.environ.get("RANK", "0")) == 0:
         tmp = args.out + ".tmp"
         with open(tmp, "w") as f:

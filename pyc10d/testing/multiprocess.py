@@ -43,6 +43,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import unittest
@@ -118,6 +119,7 @@ class MultiProcessTestCase(TestCase):
         self._pipes: list[multiprocessing.connection.Connection] = []
         self._stack_paths: list[str] = []
         self._started_at = 0.0
+        self._threads_at_fork: list[str] = []
         method = getattr(self, methodName, None)
         if methodName != "runTest" and method is not None:
             setattr(self, methodName, self._join_or_run(method))
@@ -166,6 +168,10 @@ class MultiProcessTestCase(TestCase):
         if reason:
             raise unittest.SkipTest(reason)
         ctx = multiprocessing.get_context("fork")
+        # Threads do not survive fork, but locks they hold do; remembered for diagnosis.
+        self._threads_at_fork = [
+            t.name for t in threading.enumerate() if t is not threading.main_thread()
+        ]
         self._started_at = time.monotonic()
         for rank in range(int(self.world_size)):
             stack_path = f"{self.file_name}.rank{rank}.stacks"
@@ -207,50 +213,57 @@ class MultiProcessTestCase(TestCase):
             ]
             multiprocessing.connection.wait(waitables, timeout=max(0.0, min(limit - now, 1.0)))
         elapsed = time.monotonic() - self._started_at
-        stacks = {r: self._dump_stack(r) for r in pending}
+        stacks = self._dump_stacks(pending)
         for rank in results:  # reported ranks exit right away; let them finish flushing
             self.processes[rank].join(timeout=2)
         self._kill_all()
         self._report(results, pending, stacks, elapsed, timeout)
 
     def _collect(self, results: dict[int, RankResult]) -> None:
-        """Read every rank's report that is available; a closed pipe means a crash."""
+        """Read every report that is available; an exit without one is a crash."""
         for rank, pipe in enumerate(self._pipes):
-            if rank in results or not pipe.poll():
+            if rank in results:
                 continue
-            try:
-                results[rank] = pipe.recv()
-            except (EOFError, OSError):
-                proc = self.processes[rank]
+            proc = self.processes[rank]
+            # A child sends before it exits, so once it is gone the pipe is final.
+            exited = not proc.is_alive()
+            if pipe.poll():
+                try:
+                    results[rank] = pipe.recv()
+                    continue
+                except (EOFError, OSError):
+                    exited = True
+            if exited:
                 proc.join(timeout=5)
                 results[rank] = RankResult(
                     "error", f"process died without reporting ({_describe_exit(proc.exitcode)})"
                 )
 
-    def _dump_stack(self, rank: int) -> str:
-        """Ask a still-running rank for its Python stacks (best effort)."""
-        proc, path = self.processes[rank], self._stack_paths[rank]
-        if not proc.is_alive() or not hasattr(signal, "SIGUSR1"):
-            return ""
-        try:
-            os.kill(proc.pid, signal.SIGUSR1)
-        except OSError:
-            return ""
-        end = time.monotonic() + 2.0
-        text = ""
-        while time.monotonic() < end:
-            time.sleep(0.1)
+    def _dump_stacks(self, ranks: list[int]) -> dict[int, str]:
+        """Ask still-running ranks for their Python stacks (best effort, ~1 s)."""
+        if not ranks or not hasattr(signal, "SIGUSR1"):
+            return {}
+        asked = []
+        for rank in ranks:
             try:
-                with open(path) as f:
-                    text = f.read()
+                os.kill(self.processes[rank].pid, signal.SIGUSR1)
+                asked.append(rank)
             except OSError:
-                text = ""
-            if text:
-                time.sleep(0.1)
-                with open(path) as f:
-                    text = f.read()
-                break
-        return _trim_stacks(text)
+                pass
+        stacks: dict[int, str] = {}
+        end = time.monotonic() + 2.0
+        while asked and time.monotonic() < end:
+            time.sleep(0.2)  # faulthandler writes from the signal handler; give it a moment
+            for rank in list(asked):
+                try:
+                    with open(self._stack_paths[rank]) as f:
+                        text = f.read()
+                except OSError:
+                    continue
+                if text:
+                    stacks[rank] = _trim_stacks(text)
+                    asked.remove(rank)
+        return stacks
 
     def _kill_all(self) -> None:
         for proc in self.processes:
@@ -289,6 +302,11 @@ class MultiProcessTestCase(TestCase):
             parts.append(
                 f"Test timed out after {timeout:g} s (elapsed {elapsed:.1f} s): ranks {pending} "
                 f"had not finished and were killed (finished: {finished})."
+            )
+        if self._threads_at_fork:
+            parts.append(
+                f"Note: the parent had threads {self._threads_at_fork} running when it forked "
+                f"the ranks; a lock one of them held stays locked in every rank."
             )
         for rank in pending:
             if stacks.get(rank):

@@ -12,7 +12,9 @@ Each rank-thread has its own pyc10d ``World``, so ``dist.get_rank()`` and the de
 are per thread. The main thread waits for all ranks and then:
 
 * if a rank raised, fails with ``RuntimeError`` listing every failed rank with its traceback,
-  the first failure first. As soon as a rank raises, every world its threads met through the
+  the likely cause first: errors that are not pyc10d's (the test's own) before pyc10d errors
+  (often ranks released because of another's failure), each in the order they were seen.
+  As soon as a rank raises, every world its threads met through the
   test's store is terminated, so the other ranks' pending and later receives fail at once
   instead of waiting on a rank that will never send (no hang);
 * if ranks skipped (``unittest.skip`` and friends) and none failed, reports a skip;
@@ -22,8 +24,8 @@ are per thread. The main thread waits for all ranks and then:
 The timeout is the class attribute ``timeout`` (or the decorator's argument), else the
 environment variable ``PYC10D_TEST_TIMEOUT``, else 30 seconds.
 
-Autograd's per-device worker threads are switched off while ranks run (as torch's harness
-does), so a backward pass runs on the thread that called it and sees that rank's group.
+Autograd's per-device worker threads are switched off in every rank-thread (the setting is
+per thread), so a backward pass runs on the rank's thread and sees that rank's group.
 """
 
 from __future__ import annotations
@@ -79,11 +81,9 @@ class ThreadedRun:
         self.threads: list[threading.Thread] = []
         self.outcomes: list[_Outcome] = []
         self._lock = threading.Lock()
-        self._autograd_mt: Any = None
 
     def start(self, body: Callable[[int], Any]) -> None:
         self._started = time.monotonic()
-        self._autograd_mt = torch.autograd.set_multithreading_enabled(False)
         for rank in range(self.world_size):
             t = threading.Thread(
                 target=self._rank_main, args=(rank, body), name=f"pyc10d-rank-{rank}", daemon=True
@@ -94,7 +94,9 @@ class ThreadedRun:
     def _rank_main(self, rank: int, body: Callable[[int], Any]) -> None:
         set_thread_world(World())
         try:
-            body(rank)
+            # autograd's flag is per thread: off here, backward runs on this rank's thread
+            with torch.autograd.set_multithreading_enabled(False):
+                body(rank)
         except BaseException as e:  # noqa: BLE001 - reported by the main thread
             self._record(rank, e)
         finally:
@@ -110,28 +112,29 @@ class ThreadedRun:
         with self._lock:
             self.outcomes.append(outcome)
         if not isinstance(error, unittest.SkipTest):
-            terminate(self.store, DistBackendError(
-                f"rank {rank} failed ({type(error).__name__}: {error}); the test is being torn down"
-            ))
+            terminate(
+                self.store,
+                DistBackendError(
+                    f"rank {rank} failed ({type(error).__name__}: {error}); the test is being torn down"
+                ),
+            )
 
     def join(self) -> None:
         """Wait for every rank (up to the timeout), then raise what the ranks' outcome calls for."""
-        try:
-            deadline = self._started + self.timeout
-            for t in self.threads:
-                t.join(max(0.0, deadline - time.monotonic()))
-            stuck = [r for r, t in enumerate(self.threads) if t.is_alive()]
-            stacks = _stacks([self.threads[r] for r in stuck])
-            if stuck:
-                terminate(self.store, DistTimeoutError(
+        deadline = self._started + self.timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        stuck = [r for r, t in enumerate(self.threads) if t.is_alive()]
+        stacks = _stacks([self.threads[r] for r in stuck])
+        if stuck:
+            terminate(
+                self.store,
+                DistTimeoutError(
                     f"test timed out after {self.timeout:g} s with ranks {stuck} still running"
-                ))
-                for r in stuck:
-                    self.threads[r].join(5.0)
-        finally:
-            if self._autograd_mt is not None:
-                self._autograd_mt.__exit__(None, None, None)
-                self._autograd_mt = None
+                ),
+            )
+            for r in stuck:
+                self.threads[r].join(5.0)
         self._report(stuck, stacks)
 
     def _report(self, stuck: list[int], stacks: dict[int, str]) -> None:
@@ -142,13 +145,18 @@ class ThreadedRun:
             first_skip = skips[0].when
             # Ranks released because a peer skipped (their peer left) are not failures.
             if all(isinstance(o.error, DistError) and o.when >= first_skip for o in errors):
-                raise unittest.SkipTest("; ".join(sorted({str(o.error) or "skipped" for o in skips})))
+                raise unittest.SkipTest(
+                    "; ".join(sorted({str(o.error) or "skipped" for o in skips}))
+                )
         if not errors and not stuck:
             return
+        errors.sort(key=lambda o: isinstance(o.error, DistError))  # stable: time order kept
         parts = []
         for i, o in enumerate(errors):
-            label = " (first failure)" if i == 0 and len(errors) > 1 else ""
-            parts.append(f"Thread {o.rank} (rank {o.rank}) exited with exception{label}:\n{o.trace}")
+            label = " (likely cause)" if i == 0 and len(errors) > 1 else ""
+            parts.append(
+                f"Thread {o.rank} (rank {o.rank}) exited with exception{label}:\n{o.trace}"
+            )
         if stuck:
             parts.append(
                 f"Test timed out after {self.timeout:g} s: ranks {stuck} had not finished."
@@ -177,12 +185,15 @@ def _init_threaded(rank: int, world_size: int, store: Any) -> None:
 
 
 def spawn_threads_and_init_comms(
-    func: Callable[..., Any] | None = None, timeout: float | None = None,
+    func: Callable[..., Any] | None = None,
+    timeout: float | None = None,
     world_size: int = DEFAULT_WORLD_SIZE,
 ) -> Any:
     """Run the decorated method once per rank, each on a thread with the threaded backend up."""
     if func is None:
-        return functools.partial(spawn_threads_and_init_comms, timeout=timeout, world_size=world_size)
+        return functools.partial(
+            spawn_threads_and_init_comms, timeout=timeout, world_size=world_size
+        )
 
     @functools.wraps(func)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:

@@ -94,6 +94,12 @@ class Transport(ABC):
     def is_alive(self, peer: int) -> bool:
         return True
 
+    def cancel(self, namespace: int, error: BaseException) -> None:
+        """Fail this endpoint's pending receives in ``namespace`` (no message to peers)."""
+        mailbox = getattr(self, "mailbox", None)
+        if mailbox is not None:
+            mailbox.abort(namespace, error)
+
 
 class Mailbox:
     """Matching of arrived messages with posted receives, shared by transports.

@@ -20,7 +20,7 @@ import threading
 import time
 from datetime import timedelta
 
-from ..errors import DistNetworkError
+from ..errors import DistNetworkError, DistTimeoutError
 from ..store.base import Store
 from .base import Mailbox, RecvHandle, Transport, abort_error, lost_error
 
@@ -97,9 +97,22 @@ class TCPTransport(Transport):
         store.set(f"tcp_addr/{self.rank}", f"{host}:{port}:{nonce}")
         deadline = time.monotonic() + timeout
         for peer in range(self.rank):
-            h, p, peer_nonce = store.get(f"tcp_addr/{peer}").decode().rsplit(":", 2)
+            key = f"tcp_addr/{peer}"
+            # Wait under the group's timeout, not the store's (an explicit store keeps its own,
+            # e.g. FileStore's 300 s): a rank that never arrives fails init like torch's Gloo.
+            try:
+                store.wait([key], timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+            except DistTimeoutError as e:
+                raise type(e)(
+                    f"tcp transport: rank {self.rank} timed out after {timeout:.0f}s waiting for "
+                    f"rank {peer} to publish its address ({e})"
+                ) from e
+            h, p, peer_nonce = store.get(key).decode().rsplit(":", 2)
             sock = self._dial(h, int(p), deadline)
             sock.sendall(_HELLO.pack(self.rank, int(peer_nonce)))
+            # create_connection's timeout would stay on the socket: the receive loop would then
+            # take any idle spell longer than it for a lost peer. Block, as accepted sockets do.
+            sock.settimeout(None)
             self._socks[peer] = sock
         expected = self.size - 1 - self.rank
         listener.settimeout(1.0)

@@ -7,6 +7,11 @@
 # pyc10d.testing). Where the seed's copy was garbled at class boundaries, the
 # upstream file was used to restore the obvious intent (noted inline).
 #
+# Cross-check against PyTorch: copy this file with its two `import pyc10d as ...`
+# lines changed to `import torch.distributed as ...` and run the copy with
+# PYC10D_TESTING_DIST=torch.distributed (the shared helpers in
+# pyc10d.testing.c10d_common then drive torch too).
+#
 # Not ported yet: DistributedDataParallelTest, ReducerModule and ReducerTest
 # (DDP is a later issue), along with the imports only they need (copy, random,
 # sys, tempfile, groupby, nn, F, sharded tensors, DistributedDataParallel,

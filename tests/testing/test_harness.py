@@ -147,6 +147,7 @@ def test_failure_does_not_wait_for_stuck_peers(tmp_path: Path) -> None:
     assert time.monotonic() - start < 15, "must not wait for the 60 s timeout"
     assert "Rank 0 failed" in message and "rank 0 gave up" in message
     assert "Ranks [1, 2] were still running" in message
+    assert "Stacks of rank 1" in message and "Stacks of rank 2" in message
 
 
 def test_crashed_rank_is_reported(tmp_path: Path) -> None:

@@ -1,0 +1,25 @@
+"""all_reduce (and reduce), flat over shared memory: one phase, every rank reduces it all.
+
+Cost: 1 phase (one wait for all ranks). Each rank copies S bytes into its slot, then reads
+the n slots (n·S bytes) and writes S; with ``root`` given only the root reads. Best while S
+is small enough that the single synchronisation dominates (see ``select_shm``). Every
+reader reduces the slots in rank order, so all ranks get identical bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import ReduceOp
+from .shm_comm import ShmComm, nbytes_of, reduce_many
+
+
+def allreduce_shm_flat(comm: ShmComm, t: torch.Tensor, op: ReduceOp, root: int | None = None) -> None:
+    n, r, numel = comm.size, comm.rank, t.numel()
+    c = comm.start("allreduce" if root is None else "reduce", t.dtype, nbytes_of(t), root or 0)
+    slots = comm.slots(c, t.dtype)
+    slots[r, :numel].copy_(t)
+    comm.post(c)
+    comm.wait_all(c)
+    if root is None or r == root:
+        reduce_many(t, [slots[p, :numel] for p in range(n)], op)

@@ -1,0 +1,56 @@
+"""all_to_all (any split sizes), chunked over shared memory.
+
+``ins[q]`` goes to rank q, ``outs[p]`` comes from rank p (flat tensors, any lengths that
+agree between the pairs). Each rank's slot is cut into n pieces of P elements; in round j a
+rank copies elements [j·P, (j+1)·P) of each outgoing block into piece q of its slot (IN),
+and after the phase copies piece r of every other rank's slot into its incoming blocks
+(OUT); its own block goes input to output directly. Phase j does OUT(j-1) and IN(j). The
+number of rounds comes from the largest block of any rank, which every rank publishes in
+its descriptor, so uneven splits never make ranks disagree on the phases.
+
+Cost per rank: copies its outgoing (n-1)/n share in and its incoming share out, plus its
+own block once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .shm_comm import ShmComm
+
+
+def alltoall_shm_chunked(comm: ShmComm, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+    n, r = comm.size, comm.rank
+    dtype = outs[0].dtype
+    align = comm.align(dtype)
+    piece = max(align, comm.elems(dtype) // n // align * align)
+    biggest = max([t.numel() for t in ins] + [t.numel() for t in outs])
+
+    def copy_out(c: int, j: int) -> None:
+        lo = j * piece
+        slots = comm.slots(c, dtype)
+        for p in range(n):
+            length = min(piece, outs[p].numel() - lo)
+            if p != r and length > 0:
+                outs[p][lo:lo + length].copy_(slots[p, r * piece:r * piece + length])
+
+    outs[r].copy_(ins[r])
+    c = comm.start("alltoall", dtype, biggest, exact=False)
+    m = 1
+    s = 0
+    while s < m:
+        if s:
+            c = comm.next_phase()
+            copy_out(c - 1, s - 1)
+        lo = s * piece
+        mine = comm.slots(c, dtype)[r]
+        for q in range(n):
+            length = min(piece, ins[q].numel() - lo)
+            if q != r and length > 0:
+                mine[q * piece:q * piece + length].copy_(ins[q][lo:lo + length])
+        comm.post(c)
+        comm.wait_all(c)
+        if s == 0:
+            m = max(1, -(-comm.largest(c) // piece))
+        s += 1
+    copy_out(c, m - 1)

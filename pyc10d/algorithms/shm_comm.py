@@ -1,0 +1,138 @@
+"""What a shared-memory algorithm sees: the group's arena, phases, and a reduction kernel.
+
+A ``ShmComm`` is made per operation by the shm backend. Instead of send/recv, an algorithm
+writes into its own slot of a phase, ``post``s the phase, waits for the ranks whose data it
+needs, and reads their slots (``transport/shm_arena.py`` explains why two alternating
+buffer parities are enough). ``start`` opens the operation: it publishes a descriptor
+(collective, dtype, bytes, root) that every rank checks against the others' at the first
+``wait_all``, so ranks that disagree fail with a message instead of reading garbage.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import DistBackendError
+from ..transport.shm_arena import Arena
+from ..types import RedOpType, ReduceOp
+from .comm import dtype_code, dtype_name
+from .reduce_ops import reduce_into
+
+OPCODES = {"allreduce": 1, "reduce": 2, "broadcast": 3, "allgather": 4, "reduce_scatter": 5,
+           "alltoall": 6, "barrier": 7}
+_NAMES = {v: k for k, v in OPCODES.items()}
+ALIGN_BYTES = 64  # sub-slices that different ranks write start on their own cache line
+
+
+class ShmComm:
+    """Per-operation view of a group's arena; ``rank``/``size`` are group-local."""
+
+    def __init__(self, arena: Arena, deadline: float, op: str) -> None:
+        self.arena = arena
+        self.rank, self.size = arena.rank, arena.size
+        self.deadline = deadline
+        self.op = op
+        self._check: int | None = None
+        self._exact = True
+
+    def elems(self, dtype: torch.dtype) -> int:
+        """Capacity of one rank's slot in elements of ``dtype``."""
+        return self.arena.slot_bytes // dtype.itemsize
+
+    def align(self, dtype: torch.dtype) -> int:
+        return max(1, ALIGN_BYTES // dtype.itemsize)
+
+    def start(self, collective: str, dtype: torch.dtype | None, nbytes: int, root: int = 0,
+              exact: bool = True) -> int:
+        """Open the operation: the first phase number, with this rank's descriptor published.
+
+        ``nbytes`` must agree between ranks when ``exact``; otherwise it is any size the
+        algorithm needs the maximum of (``largest``).
+        """
+        c = self.arena.next_phase(self.deadline, self.op)
+        code = 0 if dtype is None else dtype_code(dtype)
+        self.arena.set_descriptor(c, (OPCODES[collective] | (code << 8), root, nbytes, nbytes >> 32))
+        self._check, self._exact = c, exact
+        return c
+
+    def largest(self, c: int) -> int:
+        """The largest ``nbytes`` any rank passed to ``start`` (phase ``c``, after ``wait_all``)."""
+        sizes = [self.arena.descriptor(p, c) for p in range(self.size)]
+        return max(d[2] | (d[3] << 32) for d in sizes)
+
+    def next_phase(self) -> int:
+        return self.arena.next_phase(self.deadline, self.op)
+
+    def post(self, c: int) -> None:
+        self.arena.post(c)
+
+    def wait_all(self, c: int) -> None:
+        self.arena.wait_all(c, self.deadline, self.op)
+        if self._check is not None:
+            self._verify(self._check)
+
+    def slots(self, c: int, dtype: torch.dtype) -> torch.Tensor:
+        return self.arena.slots(c, dtype)
+
+    def result(self, c: int, dtype: torch.dtype) -> torch.Tensor:
+        return self.arena.result(c, dtype)
+
+    def _verify(self, c: int) -> None:
+        self._check = None
+        a = self.arena
+        mine = a.descriptor(a.rank, c)
+        for p in range(a.size):
+            theirs = a.descriptor(p, c)
+            if theirs != mine if self._exact else theirs[:2] != mine[:2]:
+                raise DistBackendError(
+                    f"{self.op}: rank {a.members[p]} called {_describe(theirs)}, rank "
+                    f"{a.members[a.rank]} called {_describe(mine)} (collective, root, shape or "
+                    f"dtype differs between ranks)"
+                )
+
+
+def _describe(d: tuple[int, ...]) -> str:
+    op, root, nbytes = d[0] & 0xFF, d[1], d[2] | (d[3] << 32)
+    name = _NAMES.get(op, f"op {op}")
+    rooted = f" (root {root})" if name in ("broadcast", "reduce") else ""
+    return f"{name}{rooted} with {nbytes} bytes of {dtype_name(d[0] >> 8)}"
+
+
+def reduce_many(out: torch.Tensor, xs: list[torch.Tensor], op: ReduceOp) -> None:
+    """``out = xs[0] (op) xs[1] (op) ...`` elementwise, left to right, one kernel per input.
+
+    The fixed order makes every rank that reduces the same inputs get identical bytes.
+    ``out`` may be ``xs[0]`` but no other input.
+    """
+    if len(xs) == 1:
+        if out.data_ptr() != xs[0].data_ptr():
+            out.copy_(xs[0])
+        return
+    _pair(out, xs[0], xs[1], op)
+    for x in xs[2:]:
+        reduce_into(out, x, op)
+
+
+def _pair(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: ReduceOp) -> None:
+    t = op.op
+    boolean = out.dtype == torch.bool
+    if t in (RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM):
+        (torch.logical_or if boolean else torch.add)(a, b, out=out)
+    elif t == RedOpType.PRODUCT:
+        (torch.logical_and if boolean else torch.mul)(a, b, out=out)
+    elif t == RedOpType.MIN:
+        torch.minimum(a, b, out=out)
+    elif t == RedOpType.MAX:
+        torch.maximum(a, b, out=out)
+    elif t == RedOpType.BAND:
+        torch.bitwise_and(a, b, out=out)
+    elif t == RedOpType.BOR:
+        torch.bitwise_or(a, b, out=out)
+    elif t == RedOpType.BXOR:
+        torch.bitwise_xor(a, b, out=out)
+    else:
+        raise ValueError(f"unsupported reduction operation {op!r}")
+
+
+def nbytes_of(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()

@@ -1,0 +1,236 @@
+"""The shared-memory backend (``backend="shm"``) and the ``"auto"`` choice between shm and tcp.
+
+``ShmBackend`` is the collective engine over a ``ShmTransport``: every collective works
+through the transport's rings with the generic algorithms, and the hot ones run on the
+group's *arena* instead — a segment of per-rank slots and phase counters where ranks copy
+in, reduce with torch kernels straight out of each other's slots, and copy out (see
+``algorithms.select_shm``): all_reduce, all_gather (every variant), reduce_scatter_tensor,
+broadcast, all_to_all (both variants) and barrier. No tensor is ever pickled.
+
+The arena of a group is created on its first collective: group rank 0 creates the segment
+and sends its name over the rings, the others map it and acknowledge, then the name is
+unlinked. Subgroups that share the world's transport get arenas of their own the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from .. import algorithms as algo
+from ..algorithms.reduce_ops import finish, premultiply
+from ..errors import DistBackendError
+from ..store.base import Store
+from ..transport import futex
+from ..transport.shm import ShmTransport
+from ..transport.shm_arena import Arena
+from ..transport.shm_segment import Segment, new_name, unlink
+from ..transport.shm_segment import available as shm_dir_available
+from ..types import BarrierOptions, BroadcastOptions, RedOpType
+from . import checks as ck
+from .base import Options
+from .staging import flat, host, writeback
+from .tcp import Backend, TCPBackend
+from .work import Work
+
+_NAME_BYTES = 128
+
+
+def slot_bytes(size: int) -> int:
+    """One rank's slot: ``PYC10D_SHM_SLOT_BYTES`` (default 1 MiB), less for big groups."""
+    want = int(os.environ.get("PYC10D_SHM_SLOT_BYTES", 1 << 20))
+    cap = int(os.environ.get("PYC10D_SHM_ARENA_BUDGET", 256 << 20)) // (2 * size + 2)
+    return max(64 << 10, min(want, cap) // 4096 * 4096)
+
+
+class ShmBackend(Backend):
+    """Every collective of a group of ranks on one host, over shared memory."""
+
+    backend_name = "shm"
+
+    def __init__(
+        self, transport: Any, ranks: list[int], rank: int, group_name: str,
+        options: Options | None = None, owns_transport: bool = False,
+    ) -> None:
+        super().__init__(transport, ranks, rank, group_name, options, owns_transport)
+        self.options.backend = "shm"
+        self._arena: Arena | None = None
+
+    @classmethod
+    def create(cls, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ShmBackend:
+        transport = ShmTransport(store, rank, size, timeout)
+        return cls(transport, list(range(size)), rank, group_name, Options(timeout), owns_transport=True)
+
+    # -- the arena ----------------------------------------------------------------------
+    def _shm(self, comm: algo.Comm) -> algo.ShmComm:
+        if self._arena is None:
+            self._arena = self._open_arena(comm)
+        return algo.ShmComm(self._arena, comm.deadline, comm.op)
+
+    def _open_arena(self, comm: algo.Comm) -> Arena:
+        """Group rank 0 creates the segment; the rest map it, through the op's channel."""
+        n = comm.size
+        msg = torch.zeros(_NAME_BYTES, dtype=torch.uint8)
+        ack = torch.zeros(1, dtype=torch.uint8)
+        if comm.rank != 0:
+            comm.recv(0, msg)
+            name, slot = bytes(msg.tolist()).rstrip(b"\0").decode().split(":")
+            try:
+                seg = Segment(name, Arena.nbytes(n, int(slot)), create=False)
+            except OSError:
+                comm.send(0, ack)
+                raise
+            ack[0] = 1
+            comm.send(0, ack)
+            return Arena(seg, comm.rank, n, int(slot), self.transport.watch, self.ranks)
+        seg, slot = self._create_segment(n)
+        try:
+            text = f"{seg.name}:{slot}".encode()
+            msg[:len(text)] = torch.tensor(list(text), dtype=torch.uint8)
+            arena = Arena(seg, 0, n, slot, self.transport.watch, self.ranks)
+            failed = []
+            for p in range(1, n):
+                comm.send(p, msg)
+            for p in range(1, n):
+                comm.recv(p, ack)
+                if not ack[0]:
+                    failed.append(self.ranks[p])
+            if failed:
+                reason = f"ranks {failed} could not map shared-memory segment {seg.name}"
+                arena.abort(reason)
+                raise DistBackendError(f"{comm.op}: {reason}")
+            return arena
+        finally:
+            unlink(seg.name)
+
+    def _create_segment(self, n: int) -> tuple[Segment, int]:
+        slot = slot_bytes(n)
+        while True:
+            try:
+                return Segment(new_name("g"), Arena.nbytes(n, slot), create=True), slot
+            except OSError:
+                if slot <= 64 << 10:
+                    raise
+                slot //= 2
+
+    # -- collectives on the arena -----------------------------------------------------------
+    def _allreduce_dense(self, comm: algo.Comm, tensors: list[torch.Tensor], red: Any) -> None:
+        if comm.size == 1 or len(tensors) != 1:
+            return super()._allreduce_dense(comm, tensors, red)
+        t = tensors[0]
+        h = host(t)
+        premultiply(h, red)
+        sc = self._shm(comm)
+        nbytes = h.numel() * h.element_size()
+        algo.select_shm("allreduce", comm.size, nbytes, sc.arena.slot_bytes)(sc, flat(h), red)
+        finish(h, red, comm.size)
+        writeback(t, h)
+
+    def _gather_into(self, comm: algo.Comm, out: torch.Tensor, inp: torch.Tensor) -> None:
+        if comm.size == 1:
+            return super()._gather_into(comm, out, inp)
+        k = inp.numel()
+        sc = self._shm(comm)
+        fn = algo.select_shm("allgather", comm.size, k * inp.element_size(), sc.arena.slot_bytes)
+        fn(sc, flat(host(inp)), flat(out).view(comm.size, k))
+
+    def _rs_one(self, comm: algo.Comm, output: torch.Tensor, input: torch.Tensor, red: Any) -> None:
+        if comm.size == 1:
+            return super()._rs_one(comm, output, input, red)
+        hin = host(input)
+        if red.op == RedOpType.PREMUL_SUM:
+            hin = premultiply(hin.clone(), red)
+        h = host(output)
+        k = h.numel()
+        sc = self._shm(comm)
+        fn = algo.select_shm("reduce_scatter", comm.size, hin.numel() * hin.element_size(),
+                             sc.arena.slot_bytes)
+        fn(sc, flat(hin).view(comm.size, k), flat(h), red)
+        finish(h, red, comm.size)
+        writeback(output, h)
+
+    def _alltoall_blocks(self, comm: algo.Comm, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+        if comm.size == 1:
+            return super()._alltoall_blocks(comm, ins, outs)
+        sc = self._shm(comm)
+        fn = algo.select_shm("alltoall", comm.size, 0, sc.arena.slot_bytes)
+        fn(sc, [t.reshape(-1) for t in ins], [t.view(-1) for t in outs])
+
+    def broadcast(self, tensors: Any, opts: BroadcastOptions | None = None, root: int | None = None,
+                  _sync: bool = False) -> Work:
+        if self._size == 1:
+            return super().broadcast(tensors, opts, root, _sync)
+        tensors = ck.as_list(tensors)
+        opts = opts if opts is not None else BroadcastOptions()
+        root_rank = opts.rootRank if root is None else root
+        ck.check_root_rank("broadcast", root_rank, self._size)
+        ck.check_root_tensor("broadcast", opts.rootTensor, len(tensors))
+        ck.check_same("broadcast", tensors)
+        root_tensor = opts.rootTensor
+
+        def run(comm: algo.Comm) -> None:
+            src = tensors[root_tensor] if comm.rank == root_rank else tensors[0]
+            h = host(src)
+            sc = self._shm(comm)
+            nbytes = h.numel() * h.element_size()
+            algo.select_shm("broadcast", comm.size, nbytes, sc.arena.slot_bytes)(sc, flat(h), root_rank)
+            for t in tensors:
+                if t is src:
+                    writeback(t, h)
+                else:
+                    t.detach().copy_(h)
+
+        return self._submit("broadcast", run, tensors, opts, _sync)
+
+    def barrier(self, opts: BarrierOptions | None = None, _sync: bool = False) -> Work:
+        if self._size == 1:
+            return super().barrier(opts, _sync)
+
+        def run(comm: algo.Comm) -> None:
+            sc = self._shm(comm)
+            algo.select_shm("barrier", comm.size, 0, sc.arena.slot_bytes)(sc)
+
+        return self._submit("barrier", run, [], opts, _sync)
+
+    # -- failure and shutdown -----------------------------------------------------------
+    def _fail_group(self, error: BaseException) -> None:
+        if self._broken is None and self._arena is not None:
+            self._arena.abort(f"group {self.group_name!r}, rank {self._rank}: {error}")
+        super()._fail_group(error)
+
+    def shutdown(self) -> None:
+        arena = self._arena
+        if arena is not None and not self._closed and self._pending:
+            arena.cancel(DistBackendError(
+                f"process group {self.group_name!r} was destroyed with operations pending"))
+        super().shutdown()
+        if arena is not None:
+            self._arena = None
+            arena.close()
+
+
+def host_identity() -> str:
+    """Equal on two processes exactly when they can share memory through ``/dev/shm``."""
+    if not (futex.available() and shm_dir_available()):
+        return f"no-shm:{os.getpid()}:{socket.gethostname()}"
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}/{boot}/{os.stat('/dev/shm').st_dev}"
+
+
+def create_auto(store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> Any:
+    """``backend="auto"``: shm when every rank of the group is on this host, else tcp."""
+    store.set(f"auto/host/{rank}", host_identity())
+    keys = [f"auto/host/{p}" for p in range(size)]
+    store.wait(keys, timeout)
+    hosts = set(store.multi_get(keys))
+    if len(hosts) == 1 and size > 1:
+        return ShmBackend.create(store, rank, size, timeout, group_name)
+    return TCPBackend.create(store, rank, size, timeout, group_name)

@@ -1,0 +1,60 @@
+"""Linux futexes on 32-bit words in shared memory, through ``ctypes`` (no C extension).
+
+``wait(addr, expected, timeout)`` sleeps while ``*addr == expected`` (the kernel compares and
+queues atomically, so a ``wake`` after the word changed is never lost); ``wake(addr)`` wakes
+every sleeper on the word. The futexes are shared (no ``FUTEX_PRIVATE_FLAG``): they work
+across processes that map the same file. ``ctypes`` releases the GIL around the syscall, so
+a sleeping thread never blocks the others of its process.
+
+Why a word store followed by ``wake`` is enough for the shm transport: every shared word
+has one writer, x86-64 keeps stores in program order (the payload is visible before the
+word that publishes it), and the syscall itself orders the word's store before the wake.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+
+# x86-64 only: the store-ordering argument above does not hold on weaker memory models.
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202}.get(platform.machine().lower())
+_FUTEX_WAIT = 0
+_FUTEX_WAKE = 1
+_INT_MAX = 0x7FFFFFFF
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+
+
+def available() -> bool:
+    """True on Linux x86-64 (futex syscall number known, stores ordered)."""
+    return _SYS_FUTEX is not None and os.name == "posix" and platform.system() == "Linux"
+
+
+def wait(addr: int, expected: int, timeout: float) -> None:
+    """Sleep until woken, the word at ``addr`` differs from ``expected``, or ``timeout`` s.
+
+    Returns in every case (spurious wake-ups included); the caller re-reads the word.
+    """
+    secs = max(timeout, 0.0)
+    ts = _Timespec(int(secs), int((secs - int(secs)) * 1e9))
+    _syscall(
+        ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(addr), ctypes.c_int(_FUTEX_WAIT),
+        ctypes.c_uint32(expected & 0xFFFFFFFF), ctypes.byref(ts), None, ctypes.c_int(0),
+    )
+
+
+def wake(addr: int) -> None:
+    """Wake every thread sleeping on the word at ``addr`` (in any process)."""
+    _syscall(
+        ctypes.c_long(_SYS_FUTEX), ctypes.c_void_p(addr), ctypes.c_int(_FUTEX_WAKE),
+        ctypes.c_int(_INT_MAX), None, None, ctypes.c_int(0),
+    )

@@ -1,0 +1,229 @@
+"""A group's shared arena: phase counters, op descriptors and data slots in one segment.
+
+Layout (``n`` ranks, ``S`` = slot bytes; every part page-aligned)::
+
+    header      4 KiB         word 16: abort word (0, or 1 + the aborting group rank)
+    lines       n x 512 B     per rank: phase counter (word 0, alone on its cache line),
+                              closed flag (byte 64), op descriptors (bytes 72..104, one per
+                              phase parity), abort reason (bytes 128..512)
+    slots       2 x n x S     parity-major: slots[parity][rank]
+    results     2 x S         results[parity]
+
+Ranks move through numbered *phases*; a rank publishes phase ``c`` by storing ``c`` in its
+counter and waking the counter's futex. Phase ``c`` uses only the buffers of parity
+``c & 1`` (its data slots, descriptor and result), and the one rule that makes two
+parities enough is what a posted counter promises:
+
+    counter[r] >= c  means rank r has written everything it writes in phase c, and has
+                     finished every access to the buffers of phases <= c - 1.
+
+So before writing parity ``c & 1`` in phase ``c`` a rank waits until every counter is
+>= ``c - 1`` (``next_phase``), and before reading what rank ``p`` wrote in phase ``c`` it
+waits for counter[p] >= ``c``. Chunked algorithms that read and write in the same phase post
+only after all of the phase's work, which keeps the promise.
+
+Waiting spins briefly on the counter, then sleeps on its futex in slices of ``SLICE``
+seconds; between slices it checks the group's abort word, the awaited rank's closed flag and
+whether any member process died, so a dead rank is named within a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from ..errors import DistBackendError, DistNetworkError, DistTimeoutError
+from . import futex
+from .shm_segment import PeerWatch, Segment
+
+HEADER = 4096
+LINE = 512
+PAGE = 4096
+SLICE = 0.1
+_ABORT_WORD = 16
+_REASON_OFF = 128
+_REASON_MAX = LINE - _REASON_OFF - 4
+_M = 0xFFFFFFFF
+
+
+def _reached(value: int, c: int) -> bool:
+    return ((value - c) & _M) < 0x80000000
+
+
+def _align(x: int, a: int = PAGE) -> int:
+    return (x + a - 1) // a * a
+
+
+def default_spin() -> tuple[float, bool]:
+    """(seconds to spin before sleeping, whether to yield the CPU while spinning)."""
+    us = float(os.environ.get("PYC10D_SHM_SPIN_US", "50"))
+    return us * 1e-6, os.environ.get("PYC10D_SHM_YIELD", "0") == "1"
+
+
+class Arena:
+    """This rank's handle on a group's arena. Not thread-safe: one operation at a time."""
+
+    def __init__(
+        self, seg: Segment, rank: int, size: int, slot_bytes: int, watch: PeerWatch,
+        members: list[int],
+    ) -> None:
+        self.seg, self.rank, self.size, self.slot_bytes = seg, rank, size, slot_bytes
+        self.watch, self.members = watch, members
+        self.words = seg.words
+        self._lines = HEADER
+        self._ctr = [(HEADER + p * LINE) // 4 for p in range(size)]
+        self._data = HEADER + _align(size * LINE)
+        self.phase = 0
+        self.known = 0
+        self.spin_s, self.yield_spin = default_spin()
+        self.cancelled: BaseException | None = None
+        self._typed: dict = {}
+
+    @staticmethod
+    def nbytes(size: int, slot_bytes: int) -> int:
+        return HEADER + _align(size * LINE) + (2 * size + 2) * slot_bytes
+
+    # -- buffers ---------------------------------------------------------------------------
+    def slots(self, parity: int, dtype: torch.dtype) -> torch.Tensor:
+        """(n, S / itemsize) view of every rank's slot of ``parity``; row p is rank p's."""
+        key = (0, parity & 1, dtype)
+        t = self._typed.get(key)
+        if t is None:
+            off = self._data + (parity & 1) * self.size * self.slot_bytes
+            t = self.seg.view(off, self.size * self.slot_bytes).view(dtype).view(self.size, -1)
+            self._typed[key] = t
+        return t
+
+    def result(self, parity: int, dtype: torch.dtype) -> torch.Tensor:
+        key = (1, parity & 1, dtype)
+        t = self._typed.get(key)
+        if t is None:
+            off = self._data + (2 * self.size + (parity & 1)) * self.slot_bytes
+            t = self.seg.view(off, self.slot_bytes).view(dtype)
+            self._typed[key] = t
+        return t
+
+    def set_descriptor(self, c: int, words: tuple[int, int, int, int]) -> None:
+        base = (HEADER + self.rank * LINE + 72 + (c & 1) * 16) // 4
+        for i, w in enumerate(words):
+            self.words[base + i] = w & _M
+
+    def descriptor(self, p: int, c: int) -> tuple[int, ...]:
+        base = (HEADER + p * LINE + 72 + (c & 1) * 16) // 4
+        return tuple(self.words[base:base + 4])
+
+    # -- phases ----------------------------------------------------------------------------
+    def next_phase(self, deadline: float, op: str) -> int:
+        """The next phase number; waits until every rank is done with its buffers."""
+        c = self.phase + 1
+        if self.known < c - 1:
+            self.wait_all(c - 1, deadline, op)
+        return c
+
+    def post(self, c: int) -> None:
+        i = self._ctr[self.rank]
+        self.words[i] = c & _M
+        self.phase = c
+        futex.wake(self.seg.address + 4 * i)
+
+    def wait_all(self, c: int, deadline: float, op: str) -> None:
+        for p in range(self.size):
+            if p != self.rank:
+                self.wait(p, c, deadline, op)
+        if c > self.known:
+            self.known = c
+
+    def wait(self, p: int, c: int, deadline: float, op: str) -> None:
+        """Return once rank ``p`` has posted phase ``c``; raise on abort, death or timeout."""
+        words, i = self.words, self._ctr[p]
+        if _reached(words[i], c):
+            return
+        end = time.perf_counter() + self.spin_s
+        while True:
+            if self.yield_spin:
+                os.sched_yield()
+            if _reached(words[i], c):
+                return
+            if words[_ABORT_WORD]:
+                self._raise_aborted(op)
+            if time.perf_counter() > end:
+                break
+        if self.cancelled is not None:
+            raise self.cancelled
+        self._sleep_until(p, c, deadline, op)
+
+    def _sleep_until(self, p: int, c: int, deadline: float, op: str) -> None:
+        words, i = self.words, self._ctr[p]
+        addr = self.seg.address + 4 * i
+        checked = time.monotonic()
+        while True:
+            v = words[i]
+            if _reached(v, c):
+                return
+            if words[_ABORT_WORD]:
+                self._raise_aborted(op)
+            if self.cancelled is not None:
+                raise self.cancelled
+            if words[(HEADER + p * LINE + 64) // 4]:
+                raise DistNetworkError(
+                    f"{op}: rank {self.members[self.rank]}: rank {self.members[p]} shut down "
+                    f"its process group while this rank waited for it"
+                )
+            now = time.monotonic()
+            if now - checked >= SLICE:
+                checked = now
+                self.check_alive(op)
+            if now >= deadline:
+                raise DistTimeoutError(
+                    f"{op}: rank {self.members[self.rank]} timed out waiting for rank "
+                    f"{self.members[p]} (shm phase {c})"
+                )
+            futex.wait(addr, v, min(SLICE, deadline - now))
+
+    def check_alive(self, op: str) -> None:
+        dead = self.watch.dead([self.members[p] for p in range(self.size)])
+        if dead:
+            who = ", ".join(f"rank {g} (pid {self.watch.pids[g]})" for g in dead)
+            raise DistNetworkError(
+                f"{op}: rank {self.members[self.rank]}: {who} died during the collective"
+            )
+
+    # -- failure and shutdown ------------------------------------------------------------
+    def abort(self, reason: str) -> None:
+        """Make every member's current and later waits raise ``reason`` (first abort wins)."""
+        data = reason.encode(errors="replace")[:_REASON_MAX]
+        off = HEADER + self.rank * LINE + _REASON_OFF
+        self.words[off // 4] = len(data)
+        self.seg.mm[off + 4:off + 4 + len(data)] = data
+        if not self.words[_ABORT_WORD]:
+            self.words[_ABORT_WORD] = self.rank + 1
+        self._wake_all()
+
+    def cancel(self, error: BaseException) -> None:
+        """Fail this rank's own waits (not the peers') with ``error``."""
+        self.cancelled = error
+        self._wake_all()
+
+    def _raise_aborted(self, op: str) -> None:
+        who = self.words[_ABORT_WORD] - 1
+        off = HEADER + who * LINE + _REASON_OFF
+        n = self.words[off // 4]
+        reason = bytes(self.seg.mm[off + 4:off + 4 + min(n, _REASON_MAX)]).decode(errors="replace")
+        raise DistBackendError(f"{op}: aborted by rank {self.members[who]}: {reason}")
+
+    def _wake_all(self) -> None:
+        for i in self._ctr:
+            futex.wake(self.seg.address + 4 * i)
+
+    def close(self) -> None:
+        """Mark this rank gone (peers waiting on it fail at once) and unmap."""
+        if self.seg is None:
+            return
+        self.words[(HEADER + self.rank * LINE + 64) // 4] = 1
+        futex.wake(self.seg.address + 4 * self._ctr[self.rank])
+        self._typed.clear()
+        self.words = None  # type: ignore[assignment]
+        seg, self.seg = self.seg, None  # type: ignore[assignment]
+        seg.close()
