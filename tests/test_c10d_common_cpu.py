@@ -2,6 +2,7 @@
 rank membership, dtype checks, non-member warnings, async work)."""
 import pytest
 import torch
+
 import pyc10d.testing.c10d_common as test_c10d_common
 from pyc10d.testing import MultiProcessTestCase
 

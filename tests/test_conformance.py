@@ -39,6 +39,8 @@ RING_EVERYWHERE = {k: 0 for k in PATCHED} | {"pyc10d.algorithms.segments.SEGMENT
 #: > every patched threshold for 1-byte dtypes too; prime, so never divisible by the world size.
 LARGE = 4099
 SIZES = [0, 1, 1009, LARGE]
+#: SIZES plus a 0-dim tensor (shape ()), for the collectives that take one.
+SHAPES: list = [(), *SIZES]
 RUN_TIMEOUT = 40.0
 
 
@@ -46,7 +48,7 @@ RUN_TIMEOUT = 40.0
 def fam_all_reduce(rank: int, ws: int) -> int:
     c = Check(rank)
     for dtype in DTYPES:
-        for n in SIZES:
+        for n in SHAPES:
             for name in op_names(dtype):
                 key = f"ar/{short(dtype)}/{n}/{name}"
                 xs = [gen(key, r, dtype, n) for r in range(ws)]
@@ -61,7 +63,7 @@ def fam_all_reduce(rank: int, ws: int) -> int:
             dist.all_reduce(view, op=reduce_op(dist, name))
             c.eq(view, ref_reduce([x.t() for x in xs], name), key, approx=name == "AVG")
             c.true(guard_ok(base), f"{key}: wrote outside the view")
-    # the default op is SUM; int op codes and names are accepted too
+    # the default op is SUM
     t = torch.ones(5)
     dist.all_reduce(t)
     c.eq(t, torch.full((5,), float(ws)), "ar default op")
@@ -72,7 +74,7 @@ def fam_broadcast(rank: int, ws: int) -> int:
     c = Check(rank)
     for src in range(ws):
         for dtype in DTYPES:
-            for n in SIZES:
+            for n in SHAPES:
                 key = f"bc/{src}/{short(dtype)}/{n}"
                 t = gen(key, rank, dtype, n)
                 dist.broadcast(t, src=src)
@@ -90,9 +92,10 @@ def fam_reduce(rank: int, ws: int) -> int:
     for dst in range(ws):
         for dtype in DTYPES:
             names = op_names(dtype)
-            for n in SIZES:
+            for n in SHAPES:
                 # two ops per size, rotating through all of them
-                for name in dict.fromkeys([names[(n + dst) % len(names)], names[(n + dst + 1) % len(names)]]):
+                i = len(str(n)) + dst  # rotate through every op over sizes and roots
+                for name in dict.fromkeys([names[i % len(names)], names[(i + 1) % len(names)]]):
                     key = f"red/{dst}/{short(dtype)}/{n}/{name}"
                     xs = [gen(key, r, dtype, n) for r in range(ws)]
                     t = xs[rank].clone()
@@ -112,13 +115,15 @@ def fam_reduce(rank: int, ws: int) -> int:
 def fam_all_gather(rank: int, ws: int) -> int:
     c = Check(rank)
     for dtype in DTYPES:
-        for n in SIZES:
+        for n in SHAPES:
             key = f"ag/{short(dtype)}/{n}"
             want = [gen(key, r, dtype, n) for r in range(ws)]
             outs = [torch.empty(n, dtype=dtype) for _ in range(ws)]
             dist.all_gather(outs, gen(key, rank, dtype, n))
             for r in range(ws):
                 c.eq(outs[r], want[r], f"{key} all_gather block {r}")
+            if n == ():
+                continue  # torch's Gloo rejects a 0-dim input to all_gather_into_tensor
             out = torch.empty(ws * n, dtype=dtype)
             dist.all_gather_into_tensor(out, gen(key, rank, dtype, n))
             c.eq(out, torch.cat(want), f"{key} all_gather_into_tensor (concat)")
@@ -144,7 +149,7 @@ def fam_gather_scatter(rank: int, ws: int) -> int:
     c = Check(rank)
     for root in range(ws):
         for dtype in DTYPES:
-            for n in SIZES:
+            for n in SHAPES:
                 key = f"ga/{root}/{short(dtype)}/{n}"
                 outs = [torch.empty(n, dtype=dtype) for _ in range(ws)] if rank == root else None
                 dist.gather(gen(key, rank, dtype, n), outs, dst=root)
@@ -495,10 +500,14 @@ def fam_subgroups(rank: int, ws: int) -> int:
             # p2p inside the group, by global rank and by group rank
             nxt, prv = members[(gr + 1) % gs], members[(gr - 1) % gs]
             out = torch.empty(4)
-            w = dist.irecv(out, src=prv, group=g)
-            dist.send(torch.full((4,), float(rank)), dst=nxt, group=g)
-            w.wait()
+            if gr % 2 == 0:
+                dist.send(torch.full((4,), float(rank)), dst=nxt, group=g)
+                who = dist.recv(out, src=prv, group=g)
+            else:
+                who = dist.recv(out, src=prv, group=g)
+                dist.send(torch.full((4,), float(rank)), dst=nxt, group=g)
             c.eq(out, torch.full((4,), float(prv)), f"p2p in {members}")
+            c.true(who == prv, f"recv in {members} returned {who}, want global rank {prv}")
             out = torch.empty(4)
             w = dist.irecv(out, group=g, group_src=(gr - 1) % gs)
             dist.send(torch.full((4,), float(rank)), group=g, group_dst=(gr + 1) % gs)
@@ -507,6 +516,17 @@ def fam_subgroups(rank: int, ws: int) -> int:
         objs: list = [None] * gs
         dist.all_gather_object(objs, ("obj", rank), group=g)
         c.true(objs == [("obj", r) for r in members], f"all_gather_object in {members}")
+        root = members[-1]
+        lst = [("b", root), None] if rank == root else [None, None]
+        dist.broadcast_object_list(lst, src=root, group=g)
+        c.true(lst == [("b", root), None], f"broadcast_object_list in {members}: {lst}")
+        got = [None] * gs if rank == root else None
+        dist.gather_object({"r": rank}, got, dst=root, group=g)
+        if rank == root:
+            c.true(got == [{"r": r} for r in members], f"gather_object in {members}: {got}")
+        one: list = [None]
+        dist.scatter_object_list(one, [f"s{r}" for r in members] if rank == root else None, src=root, group=g)
+        c.true(one == [f"s{rank}"], f"scatter_object_list in {members}: {one}")
         dist.barrier(group=g)
     # two disjoint groups run concurrently without their messages mixing
     if ws >= 2:

@@ -4,9 +4,10 @@
 agree between the pairs). Each rank's slot is cut into n pieces of P elements; in round j a
 rank copies elements [j·P, (j+1)·P) of each outgoing block into piece q of its slot (IN),
 and after the phase copies piece r of every other rank's slot into its incoming blocks
-(OUT); its own block goes input to output directly. Phase j does OUT(j-1) and IN(j). The
-number of rounds comes from the largest block of any rank, which every rank publishes in
-its descriptor, so uneven splits never make ranks disagree on the phases.
+(OUT); its own block goes input to output directly. Phase j does OUT(j-1) and IN(j). Every
+rank publishes its n send sizes in the arena's meta row, so each rank checks that what it
+receives matches what was sent, and all agree on the number of rounds (from the largest
+block anywhere): uneven splits never make ranks disagree on the phases.
 
 Cost per rank: copies its outgoing (n-1)/n share in and its incoming share out, plus its
 own block once.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import DistBackendError
 from .shm_comm import ShmComm
 
 
@@ -24,7 +26,6 @@ def alltoall_shm_chunked(comm: ShmComm, ins: list[torch.Tensor], outs: list[torc
     dtype = outs[0].dtype
     align = comm.align(dtype)
     piece = max(align, comm.elems(dtype) // n // align * align)
-    biggest = max([t.numel() for t in ins] + [t.numel() for t in outs])
 
     def copy_out(c: int, j: int) -> None:
         lo = j * piece
@@ -35,7 +36,8 @@ def alltoall_shm_chunked(comm: ShmComm, ins: list[torch.Tensor], outs: list[torc
                 outs[p][lo:lo + length].copy_(slots[p, r * piece:r * piece + length])
 
     outs[r].copy_(ins[r])
-    c = comm.start("alltoall", dtype, biggest, exact=False)
+    c = comm.start("alltoall", dtype, 0, exact=False)
+    comm.meta(c)[r].copy_(torch.tensor([t.numel() for t in ins]))
     m = 1
     s = 0
     while s < m:
@@ -51,6 +53,20 @@ def alltoall_shm_chunked(comm: ShmComm, ins: list[torch.Tensor], outs: list[torc
         comm.post(c)
         comm.wait_all(c)
         if s == 0:
-            m = max(1, -(-comm.largest(c) // piece))
+            m = max(1, -(-_check_sizes(comm, c, outs) // piece))
         s += 1
     copy_out(c, m - 1)
+
+
+def _check_sizes(comm: ShmComm, c: int, outs: list[torch.Tensor]) -> int:
+    """Raise if a peer sends this rank a block of another size; return the largest block."""
+    sizes = comm.meta(c).tolist()
+    r = comm.rank
+    for p, row in enumerate(sizes):
+        if p != r and row[r] != outs[p].numel():
+            a = comm.arena.members
+            raise DistBackendError(
+                f"{comm.op}: rank {a[p]} sends {row[r]} elements to rank {a[r]}, which expects "
+                f"{outs[p].numel()} (split sizes or shapes differ between ranks)"
+            )
+    return max(max(row) for row in sizes)

@@ -27,11 +27,12 @@ ALIGN_BYTES = 64  # sub-slices that different ranks write start on their own cac
 class ShmComm:
     """Per-operation view of a group's arena; ``rank``/``size`` are group-local."""
 
-    def __init__(self, arena: Arena, deadline: float, op: str) -> None:
+    def __init__(self, arena: Arena, deadline: float, op: str, timeout: float) -> None:
         self.arena = arena
         self.rank, self.size = arena.rank, arena.size
         self.deadline = deadline
         self.op = op
+        arena.timeout = timeout
         self._check: int | None = None
         self._exact = True
 
@@ -46,19 +47,14 @@ class ShmComm:
               exact: bool = True) -> int:
         """Open the operation: the first phase number, with this rank's descriptor published.
 
-        ``nbytes`` must agree between ranks when ``exact``; otherwise it is any size the
-        algorithm needs the maximum of (``largest``).
+        ``nbytes`` must agree between ranks when ``exact`` (else only the collective, dtype
+        and root are compared).
         """
         c = self.arena.next_phase(self.deadline, self.op)
         code = 0 if dtype is None else dtype_code(dtype)
         self.arena.set_descriptor(c, (OPCODES[collective] | (code << 8), root, nbytes, nbytes >> 32))
         self._check, self._exact = c, exact
         return c
-
-    def largest(self, c: int) -> int:
-        """The largest ``nbytes`` any rank passed to ``start`` (phase ``c``, after ``wait_all``)."""
-        sizes = [self.arena.descriptor(p, c) for p in range(self.size)]
-        return max(d[2] | (d[3] << 32) for d in sizes)
 
     def next_phase(self) -> int:
         return self.arena.next_phase(self.deadline, self.op)
@@ -76,6 +72,9 @@ class ShmComm:
 
     def result(self, c: int, dtype: torch.dtype) -> torch.Tensor:
         return self.arena.result(c, dtype)
+
+    def meta(self, c: int) -> torch.Tensor:
+        return self.arena.meta(c)
 
     def _verify(self, c: int) -> None:
         self._check = None

@@ -28,7 +28,7 @@ from ..store.base import Store
 from ..transport import futex
 from ..transport.shm import ShmTransport
 from ..transport.shm_arena import Arena
-from ..transport.shm_segment import Segment, new_name, unlink
+from ..transport.shm_segment import Segment, new_name
 from ..transport.shm_segment import available as shm_dir_available
 from ..types import BarrierOptions, BroadcastOptions, RedOpType
 from . import checks as ck
@@ -38,10 +38,15 @@ from .tcp import Backend, TCPBackend
 from .work import Work
 
 _NAME_BYTES = 128
+#: One rank's slot in bytes; None picks ``slot_bytes``'s default. Tests set it tiny to force
+#: the multi-chunk paths.
+SLOT_BYTES: int | None = None
 
 
 def slot_bytes(size: int) -> int:
     """One rank's slot: ``PYC10D_SHM_SLOT_BYTES`` (default 1 MiB), less for big groups."""
+    if SLOT_BYTES is not None:
+        return max(64, SLOT_BYTES // 64 * 64)
     want = int(os.environ.get("PYC10D_SHM_SLOT_BYTES", 1 << 20))
     cap = int(os.environ.get("PYC10D_SHM_ARENA_BUDGET", 256 << 20)) // (2 * size + 2)
     return max(64 << 10, min(want, cap) // 4096 * 4096)
@@ -69,43 +74,30 @@ class ShmBackend(Backend):
     def _shm(self, comm: algo.Comm) -> algo.ShmComm:
         if self._arena is None:
             self._arena = self._open_arena(comm)
-        return algo.ShmComm(self._arena, comm.deadline, comm.op)
+            mailbox, key = self.transport.mailbox, self.group_key
+            self._arena.poll_error = lambda: mailbox.aborted.get(key)
+        return algo.ShmComm(self._arena, comm.deadline, comm.op, comm.timeout)
 
     def _open_arena(self, comm: algo.Comm) -> Arena:
-        """Group rank 0 creates the segment; the rest map it, through the op's channel."""
+        """Group rank 0 creates the segment and sends its name through the op's channel; the
+        name is unlinked once a first phase shows that every member mapped it."""
         n = comm.size
         msg = torch.zeros(_NAME_BYTES, dtype=torch.uint8)
-        ack = torch.zeros(1, dtype=torch.uint8)
         if comm.rank != 0:
             comm.recv(0, msg)
             name, slot = bytes(msg.tolist()).rstrip(b"\0").decode().split(":")
-            try:
-                seg = Segment(name, Arena.nbytes(n, int(slot)), create=False)
-            except OSError:
-                comm.send(0, ack)
-                raise
-            ack[0] = 1
-            comm.send(0, ack)
+            seg = Segment(name, Arena.nbytes(n, int(slot)), create=False)
             return Arena(seg, comm.rank, n, int(slot), self.transport.watch, self.ranks)
         seg, slot = self._create_segment(n)
         try:
             text = f"{seg.name}:{slot}".encode()
             msg[:len(text)] = torch.tensor(list(text), dtype=torch.uint8)
-            arena = Arena(seg, 0, n, slot, self.transport.watch, self.ranks)
-            failed = []
             for p in range(1, n):
                 comm.send(p, msg)
-            for p in range(1, n):
-                comm.recv(p, ack)
-                if not ack[0]:
-                    failed.append(self.ranks[p])
-            if failed:
-                reason = f"ranks {failed} could not map shared-memory segment {seg.name}"
-                arena.abort(reason)
-                raise DistBackendError(f"{comm.op}: {reason}")
-            return arena
-        finally:
-            unlink(seg.name)
+        except BaseException:
+            seg.unlink()
+            raise
+        return Arena(seg, 0, n, slot, self.transport.watch, self.ranks)
 
     def _create_segment(self, n: int) -> tuple[Segment, int]:
         slot = slot_bytes(n)
@@ -115,7 +107,7 @@ class ShmBackend(Backend):
             except OSError:
                 if slot <= 64 << 10:
                     raise
-                slot //= 2
+                slot = slot // 2 // 64 * 64
 
     # -- collectives on the arena -----------------------------------------------------------
     def _allreduce_dense(self, comm: algo.Comm, tensors: list[torch.Tensor], red: Any) -> None:

@@ -6,6 +6,8 @@ Layout (``n`` ranks, ``S`` = slot bytes; every part page-aligned)::
     lines       n x 512 B     per rank: phase counter (word 0, alone on its cache line),
                               closed flag (byte 64), op descriptors (bytes 72..104, one per
                               phase parity), abort reason (bytes 128..512)
+    meta        2 x n x n     int64, meta[parity][rank]: n numbers a rank publishes (e.g. the
+                              split sizes of an all_to_all)
     slots       2 x n x S     parity-major: slots[parity][rank]
     results     2 x S         results[parity]
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -72,18 +75,23 @@ class Arena:
         self.seg, self.rank, self.size, self.slot_bytes = seg, rank, size, slot_bytes
         self.watch, self.members = watch, members
         self.words = seg.words
-        self._lines = HEADER
         self._ctr = [(HEADER + p * LINE) // 4 for p in range(size)]
-        self._data = HEADER + _align(size * LINE)
+        self._meta = HEADER + _align(size * LINE)
+        self._data = self._meta + _align(2 * size * size * 8)
+        self.unlink_pending = True  # the name goes once every member is known to have mapped it
         self.phase = 0
         self.known = 0
         self.spin_s, self.yield_spin = default_spin()
         self.cancelled: BaseException | None = None
+        self.timeout = 0.0  # of the current operation, for messages
+        #: optional ``() -> error or None``, polled while sleeping: a failure reported to this
+        #: rank some other way (e.g. an abort message on the transport) ends the wait too
+        self.poll_error: Callable[[], BaseException | None] | None = None
         self._typed: dict = {}
 
     @staticmethod
     def nbytes(size: int, slot_bytes: int) -> int:
-        return HEADER + _align(size * LINE) + (2 * size + 2) * slot_bytes
+        return HEADER + _align(size * LINE) + _align(2 * size * size * 8) + (2 * size + 2) * slot_bytes
 
     # -- buffers ---------------------------------------------------------------------------
     def slots(self, parity: int, dtype: torch.dtype) -> torch.Tensor:
@@ -102,6 +110,16 @@ class Arena:
         if t is None:
             off = self._data + (2 * self.size + (parity & 1)) * self.slot_bytes
             t = self.seg.view(off, self.slot_bytes).view(dtype)
+            self._typed[key] = t
+        return t
+
+    def meta(self, parity: int) -> torch.Tensor:
+        """(n, n) int64: row p holds the numbers rank p published in phases of ``parity``."""
+        key = (2, parity & 1, torch.int64)
+        t = self._typed.get(key)
+        if t is None:
+            off = self._meta + (parity & 1) * self.size * self.size * 8
+            t = self.seg.view(off, self.size * self.size * 8).view(torch.int64).view(self.size, -1)
             self._typed[key] = t
         return t
 
@@ -134,6 +152,9 @@ class Arena:
                 self.wait(p, c, deadline, op)
         if c > self.known:
             self.known = c
+        if self.unlink_pending:
+            self.unlink_pending = False
+            self.seg.unlink()
 
     def wait(self, p: int, c: int, deadline: float, op: str) -> None:
         """Return once rank ``p`` has posted phase ``c``; raise on abort, death or timeout."""
@@ -175,10 +196,15 @@ class Arena:
             if now - checked >= SLICE:
                 checked = now
                 self.check_alive(op)
+                err = self.poll_error() if self.poll_error is not None else None
+                if err is not None:
+                    raise type(err)(f"{op}: rank {self.members[self.rank]}: {err}")
             if now >= deadline:
+                late = [q for q in range(self.size) if not _reached(words[self._ctr[q]], c)]
                 raise DistTimeoutError(
-                    f"{op}: rank {self.members[self.rank]} timed out waiting for rank "
-                    f"{self.members[p]} (shm phase {c})"
+                    f"{op}: rank {self.members[self.rank]} timed out after {self.timeout:.1f}s "
+                    f"waiting for {', '.join(f'rank {self.members[q]}' for q in late)} "
+                    f"(shm phase {c})"
                 )
             futex.wait(addr, v, min(SLICE, deadline - now))
 
@@ -193,6 +219,9 @@ class Arena:
     # -- failure and shutdown ------------------------------------------------------------
     def abort(self, reason: str) -> None:
         """Make every member's current and later waits raise ``reason`` (first abort wins)."""
+        if self.unlink_pending:
+            self.unlink_pending = False
+            self.seg.unlink()
         data = reason.encode(errors="replace")[:_REASON_MAX]
         off = HEADER + self.rank * LINE + _REASON_OFF
         self.words[off // 4] = len(data)

@@ -94,11 +94,17 @@ def root_store(store: Store) -> Store:
 
 def _join(store: Store, rank: int, size: int) -> Hub:
     gen = (store.add("threaded/joined", 1) - 1) // size
-    hub_id = store.compare_set(f"threaded/{gen}", "", uuid.uuid4().hex).decode()
-    with _registry_lock:
+    mine = uuid.uuid4().hex
+    with _registry_lock:  # the winner registers its hub before any other thread can look
+        hub_id = store.compare_set(f"threaded/{gen}", "", mine).decode()
+        if hub_id == mine:
+            _hubs[hub_id] = Hub(hub_id, size, root_store(store))
         hub = _hubs.get(hub_id)
         if hub is None:
-            hub = _hubs[hub_id] = Hub(hub_id, size, root_store(store))
+            raise DistBackendError(
+                f"threaded backend: rank {rank} joined a world started in another process; "
+                f"the ranks of a threaded world must be threads of one process"
+            )
         if hub.size != size:
             raise DistBackendError(
                 f"threaded backend: rank {rank} was given world_size {size}, but the ranks that "

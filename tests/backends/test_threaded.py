@@ -22,7 +22,7 @@ from pyc10d.errors import DistBackendError
 from pyc10d.testing import MultiThreadedTestCase, TestCase, spawn_threads_and_init_comms
 from pyc10d.testing.threaded import ThreadedRun
 
-pytestmark = pytest.mark.timeout(50)
+pytestmark = pytest.mark.timeout(40)
 
 SIZES = [0, 1, 7, 1000, 70_000]  # 70k float64: above every ring threshold
 FLOAT_OPS = ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
@@ -146,7 +146,7 @@ class RandomCollectivesTest(TestCase):
     def test_200_random_collectives_on_8_threads(self) -> None:
         counts: dict[int, dict[str, int]] = {}
 
-        @spawn_threads_and_init_comms(world_size=8, timeout=40)
+        @spawn_threads_and_init_comms(world_size=8, timeout=30)
         def run(self: TestCase) -> None:
             counts[dist.get_rank()] = random_collectives(200, seed=2024)
 

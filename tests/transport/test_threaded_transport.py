@@ -180,3 +180,11 @@ def test_world_size_and_rank_must_agree() -> None:
     ThreadedTransport(store, 0, 2)
     with pytest.raises(DistBackendError, match="two threads joined the same world as rank 0"):
         ThreadedTransport(store, 0, 2)
+
+
+def test_ranks_of_another_process_are_refused() -> None:
+    store = HashStore()
+    store.add("threaded/joined", 1)  # as if rank 0 had joined from another process
+    store.set("threaded/0", "a-hub-of-another-process")
+    with pytest.raises(DistBackendError, match="another process"):
+        ThreadedTransport(store, 1, 2)
