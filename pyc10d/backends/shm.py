@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -86,7 +87,10 @@ class ShmBackend(Backend):
         if comm.rank != 0:
             comm.recv(0, msg)
             name, slot = bytes(msg.tolist()).rstrip(b"\0").decode().split(":")
-            seg = Segment(name, Arena.nbytes(n, int(slot)), create=False)
+            try:
+                seg = Segment(name, Arena.nbytes(n, int(slot)), create=False)
+            except OSError as e:
+                raise self._setup_error(comm, name, e) from None
             return Arena(seg, comm.rank, n, int(slot), self.transport.watch, self.ranks)
         seg, slot = self._create_segment(n)
         try:
@@ -98,6 +102,18 @@ class ShmBackend(Backend):
             seg.unlink()
             raise
         return Arena(seg, 0, n, slot, self.transport.watch, self.ranks)
+
+    def _setup_error(self, comm: algo.Comm, name: str, error: OSError) -> BaseException:
+        """Why the segment could not be mapped: usually rank 0 already gave up (its abort
+        message follows the name on the same ring, so wait for it briefly)."""
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            why = self.transport.mailbox.aborted.get(self.group_key)
+            if why is not None:
+                return type(why)(f"{comm.op}: rank {self.ranks[comm.rank]}: {why}")
+            time.sleep(0.01)
+        return DistBackendError(
+            f"{comm.op}: rank {self.ranks[comm.rank]} could not map shared memory {name}: {error}")
 
     def _create_segment(self, n: int) -> tuple[Segment, int]:
         slot = slot_bytes(n)

@@ -38,11 +38,17 @@ _SLICE = 0.1
 _M = 0xFFFFFFFF
 
 
+#: Ring capacity per ordered pair in bytes (a power of two >= 1 KiB); None picks
+#: ``_ring_bytes``'s default. Tests set it tiny to force streaming of large messages.
+RING_BYTES: int | None = None
+
+
 def _ring_bytes(size: int) -> int:
     """Ring capacity per ordered pair: 1 MiB up to a few ranks, less as pairs multiply."""
-    budget = int(os.environ.get("PYC10D_SHM_RING_BUDGET", 16 << 20))
+    if RING_BYTES is not None:
+        return RING_BYTES
     cap = 1 << 20
-    while cap > (64 << 10) and cap * size * (size - 1) > budget:
+    while cap > (64 << 10) and cap * size * (size - 1) > (16 << 20):
         cap //= 2
     return cap
 
