@@ -177,7 +177,8 @@ class ProcessGroupGloo(ProcessGroup):
         if isinstance(options, timedelta) or options is None:
             options = Options(options if options is not None else DEFAULT_TIMEOUT)
         name = f"gloo_pg_{next(ProcessGroupGloo._counter)}"
-        engine = TCPBackend.create(store, rank, size, options._timeout, name)
+        # the engine "gloo" stands for: tcp, unless ``Backend._aliases`` says otherwise
+        engine = _FACTORIES[Backend.resolve("gloo")](store, rank, size, options._timeout, name)
         engine.options = options
         super().__init__(rank, size, engine=engine, group_name=name, backend_name="gloo")
 

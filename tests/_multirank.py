@@ -47,7 +47,7 @@ from typing import Any
 import torch
 
 #: Backends every conformance/failure suite runs against. "shm" and "threaded" join here.
-BACKENDS: list[str] = ["tcp", "threaded"]
+BACKENDS: list[str] = ["tcp", "shm", "threaded"]
 #: Backends whose ranks are threads of one process rather than forked processes.
 THREAD_BACKENDS: set[str] = {"threaded"}
 

@@ -24,6 +24,7 @@ PATCHED = {
     "pyc10d.algorithms.SMALL_REDUCE_SCATTER": 1024,
     "pyc10d.algorithms.SMALL_ALLGATHER": 1024,
     "pyc10d.algorithms.segments.SEGMENT_BYTES": 512,
+    "pyc10d.backends.shm.SLOT_BYTES": 256,
 }
 
 

@@ -35,7 +35,9 @@ from _refs import (
 import pyc10d as dist
 
 #: Every threshold at 0 and 8-byte segments: rings even for 1 element (blocks empty when n < ws).
-RING_EVERYWHERE = {k: 0 for k in PATCHED} | {"pyc10d.algorithms.segments.SEGMENT_BYTES": 8}
+RING_EVERYWHERE = {k: 0 for k in PATCHED if ".SMALL_" in k} | {
+    "pyc10d.algorithms.segments.SEGMENT_BYTES": 8, "pyc10d.backends.shm.SLOT_BYTES": 256,
+}
 #: > every patched threshold for 1-byte dtypes too; prime, so never divisible by the world size.
 LARGE = 4099
 SIZES = [0, 1, 1009, LARGE]

@@ -26,6 +26,7 @@ RING = {  # force ring algorithms and multi-segment pipelines on small tensors
     "pyc10d.algorithms.SMALL_REDUCE_SCATTER": 1024,
     "pyc10d.algorithms.SMALL_ALLGATHER": 1024,
     "pyc10d.algorithms.segments.SEGMENT_BYTES": 256,
+    "pyc10d.backends.shm.SLOT_BYTES": 4096,
 }
 
 
@@ -157,7 +158,20 @@ def _rank_exits(rank: int, ws: int, when: str) -> float | None:
     if rank == victim:
         if when == "before":
             os._exit(17)
-        if when == "during":
+        if when == "during" and dist.get_backend() == "shm":
+            # shm collectives post to the shared arena instead of sending messages
+            from pyc10d.transport import shm_arena
+
+            post, posts = shm_arena.Arena.post, [0]
+
+            def dying_post(self, c):  # noqa: ANN001, ANN202
+                posts[0] += 1
+                if posts[0] > 3:
+                    os._exit(17)
+                return post(self, c)
+
+            shm_arena.Arena.post = dying_post
+        elif when == "during":
             transport = dist.group.WORLD._get_backend().transport
             send, sent = transport.send, [0]
 

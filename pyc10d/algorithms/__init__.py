@@ -59,6 +59,13 @@ def select(collective: str, world_size: int, nbytes: int):  # noqa: ANN201
 SHM_FLAT_ALLREDUCE = 16 * 1024
 
 
+_SHM_ONLY = {
+    "broadcast": broadcast_shm_chunked, "reduce_scatter": reduce_scatter_shm_chunked,
+    "allgather": allgather_shm_chunked, "alltoall": alltoall_shm_chunked,
+    "barrier": barrier_shm_counter,
+}
+
+
 def select_shm(collective: str, world_size: int, nbytes: int, slot_bytes: int):  # noqa: ANN201
     """The shared-memory algorithm for ``collective`` (``slot_bytes``: one rank's slot).
 
@@ -68,12 +75,7 @@ def select_shm(collective: str, world_size: int, nbytes: int, slot_bytes: int): 
     if collective in ("allreduce", "reduce"):
         flat = nbytes <= min(SHM_FLAT_ALLREDUCE, slot_bytes) or world_size == 1
         return allreduce_shm_flat if flat else allreduce_shm_rsag
-    table = {
-        "broadcast": broadcast_shm_chunked, "reduce_scatter": reduce_scatter_shm_chunked,
-        "allgather": allgather_shm_chunked, "alltoall": alltoall_shm_chunked,
-        "barrier": barrier_shm_counter,
-    }
-    return table[collective]
+    return _SHM_ONLY[collective]
 
 
 __all__ = [

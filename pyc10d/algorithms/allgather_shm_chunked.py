@@ -1,11 +1,10 @@
 """all_gather, chunked over shared memory: copy in, then every rank copies every slot out.
 
-Chunk j of each rank's input goes into its slot (IN); after the phase every rank copies the
-other ranks' chunks into its output (OUT), its own straight from its input. Phase s does
-OUT(s-1) and IN(s), so m chunks take m phases; with one chunk this is the flat exchange.
+Chunk j of each rank's input goes into its slot (IN); after the phase every rank copies all
+n slots into its output in one strided copy (OUT). Phase s does OUT(s-1) and IN(s), so m
+chunks take m phases; with one chunk this is the flat exchange.
 
-Cost per rank: copies B in and (n-1)·B out (B = one rank's part): the least any
-shared-memory all-gather can copy.
+Cost per rank: copies B in and n·B out (B = one rank's part), two kernels per phase.
 """
 
 from __future__ import annotations
@@ -17,21 +16,16 @@ from .shm_comm import ShmComm, nbytes_of
 
 def allgather_shm_chunked(comm: ShmComm, inp: torch.Tensor, out: torch.Tensor) -> None:
     """``inp``: this rank's (k,) part; ``out``: the (n, k) result."""
-    n, r, k = comm.size, comm.rank, inp.numel()
+    k = inp.numel()
     align = comm.align(inp.dtype)
     chunk = max(align, comm.elems(inp.dtype) // align * align)
     m = max(1, -(-k // chunk))
 
-    def copy_out(c: int, j: int) -> None:
+    def copy_out(c: int, j: int) -> None:  # every row, this rank's too: one strided copy
         lo = j * chunk
         length = min(chunk, k - lo)
-        slots = comm.slots(c, inp.dtype)
-        if r:
-            out[:r, lo:lo + length].copy_(slots[:r, :length])
-        if r < n - 1:
-            out[r + 1:, lo:lo + length].copy_(slots[r + 1:, :length])
+        out[:, lo:lo + length].copy_(comm.slots(c, inp.dtype)[:, :length])
 
-    out[r].copy_(inp)
     c = comm.start("allgather", inp.dtype, nbytes_of(inp))
     for s in range(m):
         if s:
@@ -39,7 +33,7 @@ def allgather_shm_chunked(comm: ShmComm, inp: torch.Tensor, out: torch.Tensor) -
             copy_out(c - 1, s - 1)
         lo = s * chunk
         length = min(chunk, k - lo)
-        comm.slots(c, inp.dtype)[r, :length].copy_(inp[lo:lo + length])
+        comm.slots(c, inp.dtype)[comm.rank, :length].copy_(inp[lo:lo + length])
         comm.post(c)
         comm.wait_all(c)
     copy_out(c, m - 1)

@@ -15,11 +15,10 @@ from .shm_comm import ShmComm, nbytes_of, reduce_many
 
 
 def allreduce_shm_flat(comm: ShmComm, t: torch.Tensor, op: ReduceOp, root: int | None = None) -> None:
-    n, r, numel = comm.size, comm.rank, t.numel()
     c = comm.start("allreduce" if root is None else "reduce", t.dtype, nbytes_of(t), root or 0)
-    slots = comm.slots(c, t.dtype)
-    slots[r, :numel].copy_(t)
+    rows = comm.rows(c, t.dtype, t.numel())
+    rows[comm.rank].copy_(t)
     comm.post(c)
     comm.wait_all(c)
-    if root is None or r == root:
-        reduce_many(t, [slots[p, :numel] for p in range(n)], op)
+    if root is None or comm.rank == root:
+        reduce_many(t, rows, op)

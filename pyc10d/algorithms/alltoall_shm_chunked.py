@@ -37,7 +37,7 @@ def alltoall_shm_chunked(comm: ShmComm, ins: list[torch.Tensor], outs: list[torc
 
     outs[r].copy_(ins[r])
     c = comm.start("alltoall", dtype, 0, exact=False)
-    comm.meta(c)[r].copy_(torch.tensor([t.numel() for t in ins]))
+    comm.set_meta(c, [t.numel() for t in ins])
     m = 1
     s = 0
     while s < m:
@@ -60,7 +60,7 @@ def alltoall_shm_chunked(comm: ShmComm, ins: list[torch.Tensor], outs: list[torc
 
 def _check_sizes(comm: ShmComm, c: int, outs: list[torch.Tensor]) -> int:
     """Raise if a peer sends this rank a block of another size; return the largest block."""
-    sizes = comm.meta(c).tolist()
+    sizes = comm.meta(c)
     r = comm.rank
     for p, row in enumerate(sizes):
         if p != r and row[r] != outs[p].numel():

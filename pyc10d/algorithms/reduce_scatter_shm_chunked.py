@@ -5,8 +5,9 @@ each rank copies those n pieces into its slot (IN, skipping its own piece), and 
 reduces piece r across all slots straight into its output (RED). Phase s does RED(s-1) and
 IN(s), so m chunks take m phases; with one chunk this is the flat exchange.
 
-Cost per rank: copies (n-1)/n·S in, reads S and writes S/n to reduce; about 1.5
-memcpy-equivalents of its input, and no copy out at all.
+Cost per rank: copies (n-1)/n·S in (its own piece is read from its input, except in the
+single-chunk case where one copy of everything is cheaper than two partial ones), reads S
+and writes S/n to reduce; about 1.5 memcpy-equivalents of its input, and no copy out.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ def reduce_scatter_shm_chunked(comm: ShmComm, blocks: torch.Tensor, out: torch.T
     def span(j: int) -> tuple[int, int]:
         return j * piece, min(piece, k - j * piece)
 
+    own = m > 1  # several chunks: read my own piece from my input, never copy it in
+
     def red(c: int, j: int) -> None:
         lo, length = span(j)
         slots = comm.slots(c, out.dtype)
-        xs = [blocks[p, lo:lo + length] if p == r else slots[p, r * length:(r + 1) * length]
+        xs = [blocks[p, lo:lo + length] if p == r and own else slots[p, r * length:(r + 1) * length]
               for p in range(n)]
         reduce_many(out[lo:lo + length], xs, op)
 
@@ -41,10 +44,13 @@ def reduce_scatter_shm_chunked(comm: ShmComm, blocks: torch.Tensor, out: torch.T
             red(c - 1, s - 1)
         lo, length = span(s)
         mine = comm.slots(c, out.dtype)[r, :n * length].view(n, length)
-        if r:
-            mine[:r].copy_(blocks[:r, lo:lo + length])
-        if r < n - 1:
-            mine[r + 1:].copy_(blocks[r + 1:, lo:lo + length])
+        if not own:
+            mine.copy_(blocks[:, lo:lo + length])
+        else:
+            if r:
+                mine[:r].copy_(blocks[:r, lo:lo + length])
+            if r < n - 1:
+                mine[r + 1:].copy_(blocks[r + 1:, lo:lo + length])
         comm.post(c)
         comm.wait_all(c)
     red(c, m - 1)

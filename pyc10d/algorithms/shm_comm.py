@@ -10,6 +10,8 @@ buffer parities are enough). ``start`` opens the operation: it publishes a descr
 
 from __future__ import annotations
 
+import struct
+
 import torch
 
 from ..errors import DistBackendError
@@ -52,7 +54,7 @@ class ShmComm:
         """
         c = self.arena.next_phase(self.deadline, self.op)
         code = 0 if dtype is None else dtype_code(dtype)
-        self.arena.set_descriptor(c, (OPCODES[collective] | (code << 8), root, nbytes, nbytes >> 32))
+        self.arena.set_descriptor(c, _DESC.pack(OPCODES[collective] | (code << 8), root, nbytes))
         self._check, self._exact = c, exact
         return c
 
@@ -73,8 +75,15 @@ class ShmComm:
     def result(self, c: int, dtype: torch.dtype) -> torch.Tensor:
         return self.arena.result(c, dtype)
 
-    def meta(self, c: int) -> torch.Tensor:
+    def set_meta(self, c: int, values: list[int]) -> None:
+        self.arena.set_meta(c, values)
+
+    def meta(self, c: int) -> list[list[int]]:
         return self.arena.meta(c)
+
+    def rows(self, c: int, dtype: torch.dtype, numel: int) -> list[torch.Tensor]:
+        """The first ``numel`` elements of every rank's slot of phase ``c``."""
+        return self.arena.rows(c, dtype, numel)
 
     def _verify(self, c: int) -> None:
         self._check = None
@@ -82,7 +91,7 @@ class ShmComm:
         mine = a.descriptor(a.rank, c)
         for p in range(a.size):
             theirs = a.descriptor(p, c)
-            if theirs != mine if self._exact else theirs[:2] != mine[:2]:
+            if theirs != mine if self._exact else theirs[:8] != mine[:8]:
                 raise DistBackendError(
                     f"{self.op}: rank {a.members[p]} called {_describe(theirs)}, rank "
                     f"{a.members[a.rank]} called {_describe(mine)} (collective, root, shape or "
@@ -90,11 +99,15 @@ class ShmComm:
                 )
 
 
-def _describe(d: tuple[int, ...]) -> str:
-    op, root, nbytes = d[0] & 0xFF, d[1], d[2] | (d[3] << 32)
+_DESC = struct.Struct("<IIQ")  # opcode | dtype << 8, root, nbytes
+
+
+def _describe(d: bytes) -> str:
+    code, root, nbytes = _DESC.unpack(d)
+    op = code & 0xFF
     name = _NAMES.get(op, f"op {op}")
     rooted = f" (root {root})" if name in ("broadcast", "reduce") else ""
-    return f"{name}{rooted} with {nbytes} bytes of {dtype_name(d[0] >> 8)}"
+    return f"{name}{rooted} with {nbytes} bytes of {dtype_name(code >> 8)}"
 
 
 def reduce_many(out: torch.Tensor, xs: list[torch.Tensor], op: ReduceOp) -> None:

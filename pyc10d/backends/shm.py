@@ -4,12 +4,14 @@
 through the transport's rings with the generic algorithms, and the hot ones run on the
 group's *arena* instead — a segment of per-rank slots and phase counters where ranks copy
 in, reduce with torch kernels straight out of each other's slots, and copy out (see
-``algorithms.select_shm``): all_reduce, all_gather (every variant), reduce_scatter_tensor,
-broadcast, all_to_all (both variants) and barrier. No tensor is ever pickled.
+``algorithms.select_shm``): all_reduce, reduce, all_gather (every variant),
+reduce_scatter_tensor, broadcast, all_to_all (both variants) and barrier. No tensor is ever
+pickled.
 
 The arena of a group is created on its first collective: group rank 0 creates the segment
-and sends its name over the rings, the others map it and acknowledge, then the name is
-unlinked. Subgroups that share the world's transport get arenas of their own the same way.
+and sends its name over the rings, the others map it, and the name is unlinked as soon as
+the first phase shows that everyone has. Subgroups that share the world's transport get
+arenas of their own the same way.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 import torch
 
 from .. import algorithms as algo
-from ..algorithms.reduce_ops import finish, premultiply
+from ..algorithms.reduce_ops import check_op, finish, premultiply
 from ..errors import DistBackendError
 from ..store.base import Store
 from ..transport import futex
@@ -31,7 +33,7 @@ from ..transport.shm import ShmTransport
 from ..transport.shm_arena import Arena
 from ..transport.shm_segment import Segment, new_name
 from ..transport.shm_segment import available as shm_dir_available
-from ..types import BarrierOptions, BroadcastOptions, RedOpType
+from ..types import BarrierOptions, BroadcastOptions, RedOpType, ReduceOptions, as_reduce_op
 from . import checks as ck
 from .base import Options
 from .staging import flat, host, writeback
@@ -193,6 +195,34 @@ class ShmBackend(Backend):
                     t.detach().copy_(h)
 
         return self._submit("broadcast", run, tensors, opts, _sync)
+
+    def reduce(self, tensors: Any, opts: ReduceOptions | None = None, root: int | None = None,
+               op: Any = None, _sync: bool = False) -> Work:
+        if self._size == 1:
+            return super().reduce(tensors, opts, root, op, _sync)
+        tensors = ck.as_list(tensors)
+        opts = opts if opts is not None else ReduceOptions()
+        root_rank = opts.rootRank if root is None else root
+        red = as_reduce_op(op if op is not None else opts.reduceOp)
+        ck.check_root_rank("reduce", root_rank, self._size)
+        ck.check_root_tensor("reduce", opts.rootTensor, len(tensors))
+        ck.check_single("reduce", tensors)
+        check_op(red, tensors[0].dtype, "reduce")
+
+        def run(comm: algo.Comm) -> None:
+            t = tensors[0]
+            h = host(t)
+            if comm.rank != root_rank and red.op == RedOpType.PREMUL_SUM:
+                h = h.clone()  # only the root's tensor may change
+            premultiply(h, red)
+            sc = self._shm(comm)
+            nbytes = h.numel() * h.element_size()
+            algo.select_shm("reduce", comm.size, nbytes, sc.arena.slot_bytes)(sc, flat(h), red, root_rank)
+            if comm.rank == root_rank:
+                finish(h, red, comm.size)
+                writeback(t, h)
+
+        return self._submit("reduce", run, tensors, opts, _sync)
 
     def barrier(self, opts: BarrierOptions | None = None, _sync: bool = False) -> Work:
         if self._size == 1:

@@ -95,10 +95,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     p = argparse.ArgumentParser(prog="python -m pyc10d.bench",
                                 description="nccl-tests style collective benchmarks.")
-    p.add_argument("--backends", type=csv, default=["pyc10d-tcp", "pyc10d-threaded", "gloo"],
+    p.add_argument("--backends", type=csv,
+                   default=["pyc10d-shm", "pyc10d-tcp", "pyc10d-threaded", "gloo"],
                    help="pyc10d-<name> (pyc10d backend; pyc10d-threaded runs its ranks as "
                    "threads of one process), gloo or torch-<name> (torch.distributed); "
-                   "default pyc10d-tcp,pyc10d-threaded,gloo")
+                   "default pyc10d-shm,pyc10d-tcp,pyc10d-threaded,gloo")
     p.add_argument("--ops", type=csv, default=metrics.DEFAULT_OPS,
                    help=f"some of {','.join(metrics.OPS)}; default all but reduce")
     p.add_argument("--world-sizes", type=lambda s: [int(x) for x in csv(s)], default=[2, 4])

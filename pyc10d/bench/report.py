@@ -87,8 +87,25 @@ def print_report(records: Sequence[Record]) -> None:
         if r.get("kind") == "memcpy":
             print(f"\nmemcpy bound: torch copy_ of {format_size(r['bytes'])} in one process, "
                   f"{r['threads']} thread(s): {r['GBps']:.2f} GB/s")
+            print("\n" + memcpy_table(coll, r["GBps"], backends))
         elif r.get("kind") == "failure":
             print(f"\nFAILED: {r['backend']} world size {r['world_size']}: {r['error']}")
+
+
+def memcpy_table(records: Sequence[Record], memcpy: float, backends: Sequence[str]) -> str:
+    """Per op x world size: each backend's busbw at the largest size as a fraction of memcpy."""
+    header = ["op", "n", "size"] + [f"{b} busbw" for b in backends] + [f"{b} /memcpy" for b in backends]
+    rows = []
+    for op in _ordered(r["op"] for r in records):
+        for ws in sorted({r["world_size"] for r in records if r["op"] == op}):
+            mine = [r for r in records if r["op"] == op and r["world_size"] == ws]
+            size = max(r["bytes"] for r in mine)
+            by_backend = {r["backend"]: r for r in mine if r["bytes"] == size}
+            bw = [by_backend[b]["busbw_GBps"] if b in by_backend else None for b in backends]
+            rows.append([op, str(ws), format_size(size)] + [_fmt(x) for x in bw]
+                        + ["-" if x is None else f"{x / memcpy:.0%}" for x in bw])
+    return (f"busbw at the largest size as a fraction of the memcpy bound ({memcpy:.2f} GB/s)\n"
+            + _render(header, rows))
 
 
 def write_json(records: Sequence[Record], path: Path) -> None:

@@ -52,6 +52,26 @@ def wait(addr: int, expected: int, timeout: float) -> None:
     )
 
 
+def _load_exchange():  # noqa: ANN202
+    """``exchange(addr, value)``: an atomic store that is also a full memory barrier (x86
+    ``xchg``), from libatomic; None where libatomic is missing."""
+    for name in (ctypes.util.find_library("atomic"), "libatomic.so.1"):
+        if not name:
+            continue
+        try:
+            fn = ctypes.CDLL(name).__atomic_exchange_4
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int]
+        fn.restype = ctypes.c_uint32
+        return lambda addr, value: fn(addr, value & 0xFFFFFFFF, 5)  # 5: __ATOMIC_SEQ_CST
+    return None
+
+
+#: Store-with-full-barrier, or None: lets a poster skip ``wake`` when nobody sleeps.
+exchange = _load_exchange()
+
+
 def wake(addr: int) -> None:
     """Wake every thread sleeping on the word at ``addr`` (in any process)."""
     _syscall(

@@ -23,11 +23,12 @@ import threading
 import time
 from datetime import timedelta
 
-from ..errors import DistNetworkError, DistTimeoutError
+from ..errors import DistBackendError, DistNetworkError, DistTimeoutError
 from ..store.base import Store
 from . import futex
 from .base import Mailbox, RecvHandle, Transport, abort_error, lost_error
 from .shm_segment import PeerWatch, Segment, new_name, unlink
+from .shm_segment import available as segment_dir_usable
 
 _HEADER = struct.Struct("<QQII8x")  # 32 bytes
 _HDR = _HEADER.size
@@ -87,6 +88,10 @@ class ShmTransport(Transport):
     """``size`` ranks of one host connected by shared-memory rings, set up through ``store``."""
 
     def __init__(self, store: Store, rank: int, size: int, timeout: timedelta) -> None:
+        if not (futex.available() and segment_dir_usable()):
+            raise DistBackendError(
+                "the shm backend needs Linux on x86-64 with a writable /dev/shm; use backend='tcp'"
+            )
         self.rank, self.size = rank, size
         self.mailbox = Mailbox(size)
         self._closing = False

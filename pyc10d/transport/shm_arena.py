@@ -4,8 +4,8 @@ Layout (``n`` ranks, ``S`` = slot bytes; every part page-aligned)::
 
     header      4 KiB         word 16: abort word (0, or 1 + the aborting group rank)
     lines       n x 512 B     per rank: phase counter (word 0, alone on its cache line),
-                              closed flag (byte 64), op descriptors (bytes 72..104, one per
-                              phase parity), abort reason (bytes 128..512)
+                              closed flag (byte 64), sleeping-on (byte 68), op descriptors
+                              (bytes 72..104, one per phase parity), abort reason (128..512)
     meta        2 x n x n     int64, meta[parity][rank]: n numbers a rank publishes (e.g. the
                               split sizes of an all_to_all)
     slots       2 x n x S     parity-major: slots[parity][rank]
@@ -24,15 +24,20 @@ So before writing parity ``c & 1`` in phase ``c`` a rank waits until every count
 waits for counter[p] >= ``c``. Chunked algorithms that read and write in the same phase post
 only after all of the phase's work, which keeps the promise.
 
-Waiting spins briefly on the counter, then sleeps on its futex in slices of ``SLICE``
-seconds; between slices it checks the group's abort word, the awaited rank's closed flag and
-whether any member process died, so a dead rank is named within a fraction of a second.
+Waiting spins briefly on the counter (yielding the CPU between looks when the group has more
+ranks than this process has CPUs), then sleeps on its futex in slices of ``SLICE`` seconds;
+between slices it checks the group's abort word, the awaited rank's closed flag and whether
+any member process died, so a dead rank is named within a fraction of a second. A rank about
+to sleep on rank p's counter says so in its sleeping-on word; the two sides store with a full
+barrier (``futex.exchange``) before reading the other's word, so a poster that sees nobody
+sleeping on it may skip the wake-up syscall without ever losing one.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from array import array
 from collections.abc import Callable
 
 import torch
@@ -45,6 +50,8 @@ HEADER = 4096
 LINE = 512
 PAGE = 4096
 SLICE = 0.1
+_LONE_YIELD = 5e-6
+_LONE_YIELDS = 20
 _ABORT_WORD = 16
 _REASON_OFF = 128
 _REASON_MAX = LINE - _REASON_OFF - 4
@@ -59,10 +66,21 @@ def _align(x: int, a: int = PAGE) -> int:
     return (x + a - 1) // a * a
 
 
-def default_spin() -> tuple[float, bool]:
-    """(seconds to spin before sleeping, whether to yield the CPU while spinning)."""
-    us = float(os.environ.get("PYC10D_SHM_SPIN_US", "50"))
-    return us * 1e-6, os.environ.get("PYC10D_SHM_YIELD", "0") == "1"
+def default_spin(size: int) -> tuple[float, bool]:
+    """(seconds to spin before sleeping, whether to yield the CPU while spinning).
+
+    With more ranks than CPUs a spinning rank holds the CPU the awaited rank needs, so it
+    yields between looks (``PYC10D_SHM_YIELD=0/1`` forces either; ``PYC10D_SHM_SPIN_US``
+    sets the spin time, default 50 us, or 200 us when yielding).
+    """
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    forced = os.environ.get("PYC10D_SHM_YIELD")
+    yield_ = size > cpus if forced is None else forced == "1"
+    us = float(os.environ.get("PYC10D_SHM_SPIN_US", "200" if yield_ else "50"))
+    return us * 1e-6, yield_
 
 
 class Arena:
@@ -75,13 +93,16 @@ class Arena:
         self.seg, self.rank, self.size, self.slot_bytes = seg, rank, size, slot_bytes
         self.watch, self.members = watch, members
         self.words = seg.words
+        self._meta_words = memoryview(seg.mm).cast("q")
         self._ctr = [(HEADER + p * LINE) // 4 for p in range(size)]
         self._meta = HEADER + _align(size * LINE)
         self._data = self._meta + _align(2 * size * size * 8)
         self.unlink_pending = True  # the name goes once every member is known to have mapped it
         self.phase = 0
         self.known = 0
-        self.spin_s, self.yield_spin = default_spin()
+        self.spin_s, self.yield_spin = default_spin(size)
+        self._sleep_i = [(HEADER + p * LINE + 68) // 4 for p in range(size)]
+        self._exchange = futex.exchange
         self.cancelled: BaseException | None = None
         self.timeout = 0.0  # of the current operation, for messages
         #: optional ``() -> error or None``, polled while sleeping: a failure reported to this
@@ -113,24 +134,37 @@ class Arena:
             self._typed[key] = t
         return t
 
-    def meta(self, parity: int) -> torch.Tensor:
-        """(n, n) int64: row p holds the numbers rank p published in phases of ``parity``."""
-        key = (2, parity & 1, torch.int64)
-        t = self._typed.get(key)
-        if t is None:
-            off = self._meta + (parity & 1) * self.size * self.size * 8
-            t = self.seg.view(off, self.size * self.size * 8).view(torch.int64).view(self.size, -1)
-            self._typed[key] = t
-        return t
+    def set_meta(self, parity: int, values: list[int]) -> None:
+        """Publish this rank's n numbers (row ``rank`` of the meta table of ``parity``)."""
+        base = (self._meta + ((parity & 1) * self.size + self.rank) * self.size * 8) // 8
+        self._meta_words[base:base + self.size] = array("q", values)
 
-    def set_descriptor(self, c: int, words: tuple[int, int, int, int]) -> None:
-        base = (HEADER + self.rank * LINE + 72 + (c & 1) * 16) // 4
-        for i, w in enumerate(words):
-            self.words[base + i] = w & _M
+    def meta(self, parity: int) -> list[list[int]]:
+        """The (n, n) meta table of ``parity``: row p holds the numbers rank p published."""
+        n = self.size
+        base = (self._meta + (parity & 1) * n * n * 8) // 8
+        flat = self._meta_words[base:base + n * n].tolist()
+        return [flat[p * n:(p + 1) * n] for p in range(n)]
 
-    def descriptor(self, p: int, c: int) -> tuple[int, ...]:
-        base = (HEADER + p * LINE + 72 + (c & 1) * 16) // 4
-        return tuple(self.words[base:base + 4])
+    def set_descriptor(self, c: int, desc: bytes) -> None:
+        """Publish this rank's 16-byte descriptor of the operation starting in phase ``c``."""
+        off = HEADER + self.rank * LINE + 72 + (c & 1) * 16
+        self.seg.mm[off:off + 16] = desc
+
+    def descriptor(self, p: int, c: int) -> bytes:
+        off = HEADER + p * LINE + 72 + (c & 1) * 16
+        return self.seg.mm[off:off + 16]
+
+    def rows(self, parity: int, dtype: torch.dtype, numel: int) -> list[torch.Tensor]:
+        """``[slots(parity, dtype)[p, :numel] for p in ranks]``, cached (small ops repeat)."""
+        key = (3, parity & 1, dtype, numel)
+        rows = self._typed.get(key)
+        if rows is None:
+            if len(self._typed) > 512:
+                self._typed.clear()
+            slots = self.slots(parity, dtype)
+            rows = self._typed[key] = [slots[p, :numel] for p in range(self.size)]
+        return rows
 
     # -- phases ----------------------------------------------------------------------------
     def next_phase(self, deadline: float, op: str) -> int:
@@ -142,13 +176,22 @@ class Arena:
 
     def post(self, c: int) -> None:
         i = self._ctr[self.rank]
-        self.words[i] = c & _M
         self.phase = c
-        futex.wake(self.seg.address + 4 * i)
+        if self._exchange is None:
+            self.words[i] = c & _M
+            futex.wake(self.seg.address + 4 * i)
+            return
+        self._exchange(self.seg.address + 4 * i, c)
+        words, me = self.words, self.rank + 1
+        for j in self._sleep_i:
+            if words[j] == me:
+                futex.wake(self.seg.address + 4 * i)
+                return
 
     def wait_all(self, c: int, deadline: float, op: str) -> None:
-        for p in range(self.size):
-            if p != self.rank:
+        words = self.words
+        for p, i in enumerate(self._ctr):
+            if ((words[i] - c) & _M) >= 0x80000000 and p != self.rank:
                 self.wait(p, c, deadline, op)
         if c > self.known:
             self.known = c
@@ -161,15 +204,24 @@ class Arena:
         words, i = self.words, self._ctr[p]
         if _reached(words[i], c):
             return
-        end = time.perf_counter() + self.spin_s
+        now = time.perf_counter
+        end = now() + self.spin_s
+        alone = 0
         while True:
             if self.yield_spin:
+                t = now()
                 os.sched_yield()
+                # a yield that returns at once found nobody to run here: this CPU is ours
+                # alone while the awaited rank queues elsewhere, so sleeping (which lets the
+                # kernel move a runnable rank onto this CPU) beats spinning on
+                alone = alone + 1 if now() - t < _LONE_YIELD else 0
+                if alone > _LONE_YIELDS:
+                    break
             if _reached(words[i], c):
                 return
             if words[_ABORT_WORD]:
                 self._raise_aborted(op)
-            if time.perf_counter() > end:
+            if now() > end:
                 break
         if self.cancelled is not None:
             raise self.cancelled
@@ -178,6 +230,17 @@ class Arena:
     def _sleep_until(self, p: int, c: int, deadline: float, op: str) -> None:
         words, i = self.words, self._ctr[p]
         addr = self.seg.address + 4 * i
+        flag = self.seg.address + 4 * self._sleep_i[self.rank]
+        if self._exchange is not None:
+            self._exchange(flag, p + 1)
+        try:
+            self._sleep_loop(p, c, deadline, op, addr)
+        finally:
+            if self.words is not None:
+                words[self._sleep_i[self.rank]] = 0
+
+    def _sleep_loop(self, p: int, c: int, deadline: float, op: str, addr: int) -> None:
+        words, i = self.words, self._ctr[p]
         checked = time.monotonic()
         while True:
             v = words[i]
@@ -253,6 +316,6 @@ class Arena:
         self.words[(HEADER + self.rank * LINE + 64) // 4] = 1
         futex.wake(self.seg.address + 4 * self._ctr[self.rank])
         self._typed.clear()
-        self.words = None  # type: ignore[assignment]
+        self.words = self._meta_words = None  # type: ignore[assignment]
         seg, self.seg = self.seg, None  # type: ignore[assignment]
         seg.close()
