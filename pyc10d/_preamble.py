@@ -48,11 +48,13 @@ def group_rank(pg: Any, global_rank: int | None, group_rank_: int | None, what: 
 
 def invoke(pg: Any, method: str, *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
     """Call ``pg.method``; wait unless ``async_op``. pyc10d engines run idle sync calls inline."""
-    fn = getattr(pg, method)
-    engine = pg._get_backend() if hasattr(pg, "_get_backend") else None
-    if isinstance(engine, Engine) and not async_op:
-        kwargs["_sync"] = True
-    work = fn(*args, **kwargs)
+    engine = getattr(pg, "_engine", None)
+    if isinstance(engine, Engine):
+        if not async_op:
+            kwargs["_sync"] = True
+        work = getattr(engine, method)(*args, **kwargs)
+    else:
+        work = getattr(pg, method)(*args, **kwargs)
     if async_op:
         return work
     if work is not None:

@@ -34,7 +34,7 @@ class RecvWork(Work):
 
     def _resolve(self, timeout: float | None) -> None:
         with self._settle_lock:
-            if self._done.is_set():
+            if self._finished:
                 return
             try:
                 self._pending.comm.deadline = float("inf") if timeout is None else _now() + timeout
@@ -52,13 +52,13 @@ class RecvWork(Work):
         return super().wait()
 
     def is_completed(self) -> bool:
-        if not self._done.is_set() and self._pending.handle.done():
+        if not self._finished and self._pending.handle.done():
             self._resolve(None)
-        return self._done.is_set()
+        return self._finished
 
     def get_future(self) -> torch.futures.Future:
         fut = super().get_future()
-        if not self._done.is_set():
+        if not self._finished:
             threading.Thread(target=self._resolve_quietly, daemon=True).start()
         return fut
 

@@ -22,7 +22,10 @@ class Work:
         self.opname = opname
         self._outputs = outputs
         self.seq = seq
-        self._done = threading.Event()
+        # A pre-acquired lock is the cheapest blocking latch (an Event costs a Condition).
+        self._latch = threading.Lock()
+        self._latch.acquire()
+        self._finished = False
         self._error: BaseException | None = None
         self._future: torch.futures.Future | None = None
         self._lock = threading.Lock()
@@ -32,7 +35,8 @@ class Work:
     def _finish(self, error: BaseException | None = None) -> None:
         with self._lock:
             self._error = error
-            self._done.set()
+            self._finished = True
+            self._latch.release()
             fut = self._future
         if fut is not None:
             self._settle(fut)
@@ -48,17 +52,19 @@ class Work:
         secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         if secs is not None and secs <= 0:
             secs = None
-        if not self._done.wait(secs):
-            raise DistTimeoutError(f"{self.opname}: Work.wait timed out after {secs:.1f}s")
+        if not self._finished:
+            if not self._latch.acquire(timeout=-1 if secs is None else secs):
+                raise DistTimeoutError(f"{self.opname}: Work.wait timed out after {secs:.1f}s")
+            self._latch.release()
         if self._error is not None:
             raise self._error
         return True
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        return self._finished
 
     def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
+        return self._finished and self._error is None
 
     def exception(self) -> BaseException | None:
         return self._error
@@ -78,7 +84,7 @@ class Work:
         with self._lock:
             if self._future is None:
                 self._future = torch.futures.Future()
-                if self._done.is_set():
+                if self._finished:
                     self._settle(self._future)
             return self._future
 
