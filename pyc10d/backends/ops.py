@@ -111,7 +111,7 @@ class CollectiveOps(Engine):
         def run(comm: algo.Comm) -> None:
             src = tensors[root_tensor] if comm.rank == root_rank else tensors[0]
             h = host(src)
-            algo.select("broadcast", comm.size, _nbytes(h))(comm, flat(h), root_rank)
+            self._broadcast_flat(comm, flat(h), root_rank)
             for t in tensors:
                 if t is src:
                     writeback(t, h)
@@ -136,9 +136,16 @@ class CollectiveOps(Engine):
             if comm.rank != root_rank and red.op == RedOpType.PREMUL_SUM:
                 h = h.clone()
             premultiply(h, red)
-            algo.select("reduce", comm.size, _nbytes(h))(comm, flat(h), root_rank, red)
+            self._reduce_flat(comm, flat(h), root_rank, red)
             if comm.rank == root_rank:
                 finish(h, red, comm.size)
                 writeback(t, h)
 
         return self._submit("reduce", run, tensors, opts, _sync)
+
+    # -- the algorithm hooks a transport-specific backend may replace --------------------
+    def _broadcast_flat(self, comm: algo.Comm, t: torch.Tensor, root: int) -> None:
+        algo.select("broadcast", comm.size, _nbytes(t))(comm, t, root)
+
+    def _reduce_flat(self, comm: algo.Comm, t: torch.Tensor, root: int, red: ReduceOp) -> None:
+        algo.select("reduce", comm.size, _nbytes(t))(comm, t, root, red)

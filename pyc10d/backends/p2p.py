@@ -100,7 +100,10 @@ class P2POps(Engine):
         raise NotImplementedError("recv from any source is not supported by pyc10d; pass src=")
 
     def barrier(self, opts: BarrierOptions | None = None, _sync: bool = False) -> Work:
-        return self._submit("barrier", algo.barrier_direct, [], opts, _sync)
+        return self._submit("barrier", self._barrier, [], opts, _sync)
+
+    def _barrier(self, comm: algo.Comm) -> None:
+        algo.barrier_direct(comm)
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
         """Rank 0 collects a token from every rank, then releases them; names the missing ranks."""

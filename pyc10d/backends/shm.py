@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .. import algorithms as algo
-from ..algorithms.reduce_ops import check_op, finish, premultiply
+from ..algorithms.reduce_ops import finish, premultiply
 from ..errors import DistBackendError
 from ..store.base import Store
 from ..transport import futex
@@ -33,12 +33,10 @@ from ..transport.shm import ShmTransport
 from ..transport.shm_arena import Arena
 from ..transport.shm_segment import Segment, new_name
 from ..transport.shm_segment import available as shm_dir_available
-from ..types import BarrierOptions, BroadcastOptions, RedOpType, ReduceOptions, as_reduce_op
-from . import checks as ck
+from ..types import RedOpType
 from .base import Options
 from .staging import flat, host, writeback
 from .tcp import Backend, TCPBackend
-from .work import Work
 
 _NAME_BYTES = 128
 #: One rank's slot in bytes; None picks ``slot_bytes``'s default. Tests set it tiny to force
@@ -170,69 +168,23 @@ class ShmBackend(Backend):
         fn = algo.select_shm("alltoall", comm.size, 0, sc.arena.slot_bytes)
         fn(sc, [t.reshape(-1) for t in ins], [t.view(-1) for t in outs])
 
-    def broadcast(self, tensors: Any, opts: BroadcastOptions | None = None, root: int | None = None,
-                  _sync: bool = False) -> Work:
-        if self._size == 1:
-            return super().broadcast(tensors, opts, root, _sync)
-        tensors = ck.as_list(tensors)
-        opts = opts if opts is not None else BroadcastOptions()
-        root_rank = opts.rootRank if root is None else root
-        ck.check_root_rank("broadcast", root_rank, self._size)
-        ck.check_root_tensor("broadcast", opts.rootTensor, len(tensors))
-        ck.check_same("broadcast", tensors)
-        root_tensor = opts.rootTensor
+    def _broadcast_flat(self, comm: algo.Comm, t: torch.Tensor, root: int) -> None:
+        if comm.size == 1:
+            return
+        sc = self._shm(comm)
+        algo.select_shm("broadcast", comm.size, t.numel() * t.element_size(), sc.arena.slot_bytes)(sc, t, root)
 
-        def run(comm: algo.Comm) -> None:
-            src = tensors[root_tensor] if comm.rank == root_rank else tensors[0]
-            h = host(src)
-            sc = self._shm(comm)
-            nbytes = h.numel() * h.element_size()
-            algo.select_shm("broadcast", comm.size, nbytes, sc.arena.slot_bytes)(sc, flat(h), root_rank)
-            for t in tensors:
-                if t is src:
-                    writeback(t, h)
-                else:
-                    t.detach().copy_(h)
+    def _reduce_flat(self, comm: algo.Comm, t: torch.Tensor, root: int, red: Any) -> None:
+        if comm.size == 1:
+            return
+        sc = self._shm(comm)
+        algo.select_shm("reduce", comm.size, t.numel() * t.element_size(), sc.arena.slot_bytes)(sc, t, red, root)
 
-        return self._submit("broadcast", run, tensors, opts, _sync)
-
-    def reduce(self, tensors: Any, opts: ReduceOptions | None = None, root: int | None = None,
-               op: Any = None, _sync: bool = False) -> Work:
-        if self._size == 1:
-            return super().reduce(tensors, opts, root, op, _sync)
-        tensors = ck.as_list(tensors)
-        opts = opts if opts is not None else ReduceOptions()
-        root_rank = opts.rootRank if root is None else root
-        red = as_reduce_op(op if op is not None else opts.reduceOp)
-        ck.check_root_rank("reduce", root_rank, self._size)
-        ck.check_root_tensor("reduce", opts.rootTensor, len(tensors))
-        ck.check_single("reduce", tensors)
-        check_op(red, tensors[0].dtype, "reduce")
-
-        def run(comm: algo.Comm) -> None:
-            t = tensors[0]
-            h = host(t)
-            if comm.rank != root_rank and red.op == RedOpType.PREMUL_SUM:
-                h = h.clone()  # only the root's tensor may change
-            premultiply(h, red)
-            sc = self._shm(comm)
-            nbytes = h.numel() * h.element_size()
-            algo.select_shm("reduce", comm.size, nbytes, sc.arena.slot_bytes)(sc, flat(h), red, root_rank)
-            if comm.rank == root_rank:
-                finish(h, red, comm.size)
-                writeback(t, h)
-
-        return self._submit("reduce", run, tensors, opts, _sync)
-
-    def barrier(self, opts: BarrierOptions | None = None, _sync: bool = False) -> Work:
-        if self._size == 1:
-            return super().barrier(opts, _sync)
-
-        def run(comm: algo.Comm) -> None:
-            sc = self._shm(comm)
-            algo.select_shm("barrier", comm.size, 0, sc.arena.slot_bytes)(sc)
-
-        return self._submit("barrier", run, [], opts, _sync)
+    def _barrier(self, comm: algo.Comm) -> None:
+        if comm.size == 1:
+            return
+        sc = self._shm(comm)
+        algo.select_shm("barrier", comm.size, 0, sc.arena.slot_bytes)(sc)
 
     # -- failure and shutdown -----------------------------------------------------------
     def _fail_group(self, error: BaseException) -> None:
