@@ -106,6 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-bytes", type=metrics.parse_size, default=8)
     p.add_argument("--max-bytes", type=metrics.parse_size, default=64 * metrics.MIB)
     p.add_argument("--step", type=int, default=4, help="size multiplier (default 4)")
+    p.add_argument("--extra-sizes", type=lambda v: [metrics.parse_size(x) for x in csv(v)],
+                   default=[16 * metrics.MIB],
+                   help="sizes added to the grid when within min..max (default 16M)")
     p.add_argument("--iters", type=int, default=30,
                    help="timed iterations up to 1 MiB, scaled down above (min 3)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per job (default 900)")
@@ -131,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         if report.plot(records, png):
             print(f"\nplot: {png}")
         return 0
-    sizes = metrics.size_grid(args.min_bytes, args.max_bytes, args.step)
+    sizes = sorted(set(metrics.size_grid(args.min_bytes, args.max_bytes, args.step)) | {
+        s for s in args.extra_sizes if args.min_bytes <= s <= args.max_bytes
+    })
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     records: list[dict[str, Any]] = [{
         "kind": "meta", "time": stamp, "argv": sys.argv[1:], "python": platform.python_version(),
