@@ -26,13 +26,13 @@ from datetime import timedelta
 from ..errors import DistBackendError, DistNetworkError, DistTimeoutError
 from ..store.base import Store
 from . import futex
-from .base import Mailbox, RecvHandle, Transport, abort_error, lost_error
+from .base import Mailbox, lost_error
+from .framed import FramedTransport
 from .shm_segment import PeerWatch, Segment, new_name, unlink
 from .shm_segment import available as segment_dir_usable
 
 _HEADER = struct.Struct("<QQII8x")  # 32 bytes
 _HDR = _HEADER.size
-_KIND_DATA, _KIND_ABORT, _KIND_BYE = 0, 1, 2
 _CTRL = 4096  # per-rank control line: word 0 closed flag
 _RING_HDR = 128
 _SLICE = 0.1
@@ -84,8 +84,10 @@ class _Ring:
             dst[first:] = self.data[:n - first]
 
 
-class ShmTransport(Transport):
+class ShmTransport(FramedTransport):
     """``size`` ranks of one host connected by shared-memory rings, set up through ``store``."""
+
+    HEADER = _HEADER
 
     def __init__(self, store: Store, rank: int, size: int, timeout: timedelta) -> None:
         if not (futex.available() and segment_dir_usable()):
@@ -149,9 +151,6 @@ class ShmTransport(Transport):
             raise type(e)(f"shm transport: rank {self.rank} timed out waiting for {what} ({e})") from e
 
     # -- sending ----------------------------------------------------------------------------
-    def send(self, peer: int, channel: int, data: memoryview, meta: int = 0) -> None:
-        self._send(peer, _KIND_DATA, channel, data, meta)
-
     def _send(self, peer: int, kind: int, channel: int, data: memoryview, meta: int) -> None:
         ring = self._out[peer]
         if ring is None:
@@ -197,42 +196,15 @@ class ShmTransport(Transport):
             futex.wait(ring.head_addr, head, _SLICE)
 
     # -- receiving --------------------------------------------------------------------------
-    def irecv(self, peer: int, channel: int, buf: memoryview) -> RecvHandle:
-        handle = RecvHandle(buf, peer, channel)
-        self.mailbox.post(handle)
-        return handle
-
     def _receive_loop(self, peer: int) -> None:
         ring = self._in[peer]
-        box = self.mailbox
         head = 0
-        header = bytearray(_HDR)
-        try:
-            while True:
-                head = self._take(ring, peer, head, memoryview(header))
-                channel, nbytes, meta, kind = _HEADER.unpack(header)
-                if kind != _KIND_DATA:
-                    payload = bytearray(nbytes)
-                    head = self._take(ring, peer, head, memoryview(payload), _pad(nbytes))
-                    if kind == _KIND_BYE:
-                        box.peer_lost(peer, lost_error(peer, "it shut down its process group"))
-                        return
-                    box.abort(channel, abort_error(peer, payload.decode(errors="replace")))
-                    continue
-                handle = box.take_posted(peer, channel)
-                if handle is not None and nbytes <= len(handle.buf):
-                    head = self._take(ring, peer, head, handle.buf[:nbytes], _pad(nbytes))
-                    handle.complete(nbytes, meta)
-                    continue
-                payload = bytearray(nbytes)
-                head = self._take(ring, peer, head, memoryview(payload), _pad(nbytes))
-                if handle is not None:
-                    handle.complete(nbytes, meta, truncated=True)
-                else:
-                    box.arrived(peer, channel, payload, meta)
-        except DistNetworkError as e:
-            if not self._closing:
-                box.peer_lost(peer, e)
+
+        def read(view: memoryview, payload: bool) -> None:
+            nonlocal head  # payloads are padded to whole headers in the ring
+            head = self._take(ring, peer, head, view, _pad(len(view)) if payload else -1)
+
+        self._pump(peer, read)
 
     def _take(self, ring: _Ring, peer: int, head: int, dst: memoryview, span: int = -1) -> int:
         """Copy ``len(dst)`` bytes from ``head`` into ``dst``, consume ``span`` bytes; new head."""
@@ -263,15 +235,6 @@ class ShmTransport(Transport):
         return peer in self.mailbox.dead or bool(self.watch.dead([peer]))
 
     # -- failure and shutdown -----------------------------------------------------------
-    def abort(self, namespace: int, reason: str, peers: list[int]) -> None:
-        payload = memoryview(reason.encode())
-        for peer in peers:
-            if peer != self.rank and self.is_alive(peer):
-                try:
-                    self._send(peer, _KIND_ABORT, namespace, payload, 0)
-                except Exception:
-                    pass
-
     def is_alive(self, peer: int) -> bool:
         return peer not in self.mailbox.dead and peer not in self.watch.gone
 
@@ -280,10 +243,7 @@ class ShmTransport(Transport):
             return
         for peer in range(self.size):
             if peer != self.rank and self.is_alive(peer):
-                try:
-                    self._send(peer, _KIND_BYE, 0, memoryview(b""), 0)
-                except Exception:
-                    pass
+                self._say_bye(peer)
         self._closing = True
         for ring in self._in:
             if ring is not None:

@@ -22,12 +22,10 @@ from datetime import timedelta
 
 from ..errors import DistNetworkError, DistTimeoutError
 from ..store.base import Store
-from .base import Mailbox, RecvHandle, Transport, abort_error, lost_error
+from .base import Mailbox, lost_error
+from .framed import FramedTransport
 
 _HEADER = struct.Struct("<QQII")
-_KIND_DATA = 0
-_KIND_ABORT = 1
-_KIND_BYE = 2
 _HELLO = struct.Struct("<Iq")
 _SMALL = 64 * 1024
 _SOCK_BUF = 4 * 1024 * 1024
@@ -72,8 +70,10 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
-class TCPTransport(Transport):
+class TCPTransport(FramedTransport):
     """Full mesh of TCP connections among ``size`` ranks, set up through ``store``."""
+
+    HEADER = _HEADER
 
     def __init__(self, store: Store, rank: int, size: int, timeout: timedelta) -> None:
         self.rank, self.size = rank, size
@@ -163,9 +163,6 @@ class TCPTransport(Transport):
                 delay = min(delay * 2, 0.5)
 
     # -- data path ------------------------------------------------------------------------
-    def send(self, peer: int, channel: int, data: memoryview, meta: int = 0) -> None:
-        self._send(peer, _KIND_DATA, channel, data, meta)
-
     def _send(self, peer: int, kind: int, channel: int, data: memoryview, meta: int) -> None:
         sock = self._socks[peer]
         if sock is None:
@@ -182,54 +179,10 @@ class TCPTransport(Transport):
             err = self.mailbox.dead.get(peer) or lost_error(peer, f"send failed: {e}")
             raise err from e
 
-    def irecv(self, peer: int, channel: int, buf: memoryview) -> RecvHandle:
-        handle = RecvHandle(buf, peer, channel)
-        self.mailbox.post(handle)
-        return handle
-
     def _receive_loop(self, peer: int, sock: socket.socket) -> None:
-        header = bytearray(_HEADER.size)
-        hview = memoryview(header)
-        box = self.mailbox
-        try:
-            while True:
-                _recv_exact(sock, hview)
-                channel, nbytes, meta, kind = _HEADER.unpack(header)
-                if kind != _KIND_DATA:
-                    payload = bytearray(nbytes)
-                    _recv_exact(sock, memoryview(payload))
-                    if kind == _KIND_BYE:
-                        box.peer_lost(peer, lost_error(peer, "it shut down its process group"))
-                        return
-                    box.abort(channel, abort_error(peer, payload.decode(errors="replace")))
-                    continue
-                handle = box.take_posted(peer, channel)
-                if handle is not None and nbytes <= len(handle.buf):
-                    if nbytes:
-                        _recv_exact(sock, handle.buf[:nbytes])
-                    handle.complete(nbytes, meta)
-                    continue
-                payload = bytearray(nbytes)
-                if nbytes:
-                    _recv_exact(sock, memoryview(payload))
-                if handle is not None:
-                    handle.complete(nbytes, meta, truncated=True)
-                else:
-                    box.arrived(peer, channel, payload, meta)
-        except (OSError, ConnectionError) as e:
-            if not self._closing:
-                box.peer_lost(peer, lost_error(peer, str(e)))
+        self._pump(peer, lambda view, _payload: _recv_exact(sock, view))
 
     # -- failure and shutdown -----------------------------------------------------------
-    def abort(self, namespace: int, reason: str, peers: list[int]) -> None:
-        payload = memoryview(reason.encode())
-        for peer in peers:
-            if peer != self.rank and self.is_alive(peer):
-                try:
-                    self._send(peer, _KIND_ABORT, namespace, payload, 0)
-                except Exception:
-                    pass
-
     def is_alive(self, peer: int) -> bool:
         return peer not in self.mailbox.dead and self._socks[peer] is not None
 
@@ -240,10 +193,7 @@ class TCPTransport(Transport):
         for peer, sock in enumerate(self._socks):
             if sock is None:
                 continue
-            try:
-                self._send(peer, _KIND_BYE, 0, memoryview(b""), 0)
-            except Exception:
-                pass
+            self._say_bye(peer)
             try:
                 sock.shutdown(socket.SHUT_WR)
             except OSError:

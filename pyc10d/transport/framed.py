@@ -1,0 +1,84 @@
+"""What the tcp and shm transports share: framed messages over one byte stream per peer.
+
+Both move frames of (channel, nbytes, meta, kind) followed by the payload, and both drain
+each peer's stream on a receiver thread. This class holds that common part — the frame
+kinds, ``send``/``irecv``/``abort`` and the receive pump that matches data frames with
+posted receives (reading straight into the destination when the receive came first) and
+handles the control frames (a peer's abort, a peer's goodbye). A transport supplies
+``_send`` (write one frame) and, to its receiver threads, a ``read`` function.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+from ..errors import DistNetworkError
+from .base import Mailbox, RecvHandle, Transport, abort_error, lost_error
+
+KIND_DATA, KIND_ABORT, KIND_BYE = 0, 1, 2
+_NO_PAYLOAD = memoryview(b"")
+
+
+class FramedTransport(Transport):
+    HEADER: struct.Struct  # unpacks to (channel, nbytes, meta, kind)
+    mailbox: Mailbox
+    _closing: bool
+
+    def _send(self, peer: int, kind: int, channel: int, data: memoryview, meta: int) -> None:
+        raise NotImplementedError
+
+    def send(self, peer: int, channel: int, data: memoryview, meta: int = 0) -> None:
+        self._send(peer, KIND_DATA, channel, data, meta)
+
+    def irecv(self, peer: int, channel: int, buf: memoryview) -> RecvHandle:
+        handle = RecvHandle(buf, peer, channel)
+        self.mailbox.post(handle)
+        return handle
+
+    def abort(self, namespace: int, reason: str, peers: list[int]) -> None:
+        payload = memoryview(reason.encode())
+        for peer in peers:
+            if peer != self.rank and self.is_alive(peer):
+                try:
+                    self._send(peer, KIND_ABORT, namespace, payload, 0)
+                except Exception:  # noqa: BLE001 - best effort: the peer may be gone too
+                    pass
+
+    def _say_bye(self, peer: int) -> None:
+        try:
+            self._send(peer, KIND_BYE, 0, _NO_PAYLOAD, 0)
+        except Exception:  # noqa: BLE001 - best effort at shutdown
+            pass
+
+    def _pump(self, peer: int, read: Callable[[memoryview, bool], None]) -> None:
+        """Receive frames from ``peer`` until it leaves; ``read(view, is_payload)`` fills ``view``."""
+        header = bytearray(self.HEADER.size)
+        hview = memoryview(header)
+        box = self.mailbox
+        try:
+            while True:
+                read(hview, False)
+                channel, nbytes, meta, kind = self.HEADER.unpack(header)
+                if kind != KIND_DATA:
+                    payload = bytearray(nbytes)
+                    read(memoryview(payload), True)
+                    if kind == KIND_BYE:
+                        box.peer_lost(peer, lost_error(peer, "it shut down its process group"))
+                        return
+                    box.abort(channel, abort_error(peer, payload.decode(errors="replace")))
+                    continue
+                handle = box.take_posted(peer, channel)
+                if handle is not None and nbytes <= len(handle.buf):
+                    read(handle.buf[:nbytes], True)
+                    handle.complete(nbytes, meta)
+                    continue
+                payload = bytearray(nbytes)
+                read(memoryview(payload), True)
+                if handle is not None:
+                    handle.complete(nbytes, meta, truncated=True)
+                else:
+                    box.arrived(peer, channel, payload, meta)
+        except (OSError, DistNetworkError) as e:
+            if not self._closing:
+                box.peer_lost(peer, e if isinstance(e, DistNetworkError) else lost_error(peer, str(e)))
