@@ -14,7 +14,7 @@ from .process_group import Backend, ProcessGroup, make_engine
 from .rendezvous import rendezvous
 from .store import PrefixStore, Store
 from .types import DEFAULT_TIMEOUT
-from .world import GroupMember, NonGroupMember, current_world, ensure_thread_world
+from .world import NonGroupMember, current_world, ensure_thread_world
 
 __all__ = [
     "init_process_group", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
@@ -178,7 +178,7 @@ def _new_group_with_tag(
     if global_rank not in ranks:
         sentinel = NonGroupMember()
         world.register(sentinel, name, ranks, backend_name, tag)
-        return GroupMember.NON_GROUP_MEMBER if not ranks else sentinel
+        return sentinel  # equal to GroupMember.NON_GROUP_MEMBER, registered with its ranks
     group_rank = ranks.index(global_rank)
     world_engine = default._get_backend()
     if isinstance(world_engine, Engine) and Backend.resolve(backend_name) == Backend.resolve(world.backend_name):
