@@ -28,7 +28,6 @@ from .framed import FramedTransport
 _HEADER = struct.Struct("<QQII")
 _HELLO = struct.Struct("<Iq")
 _SMALL = 64 * 1024
-_SOCK_BUF = 4 * 1024 * 1024
 
 
 def _advertised_host(store: Store) -> str:
@@ -53,10 +52,13 @@ def _advertised_host(store: Store) -> str:
 
 
 def _tune(sock: socket.socket) -> None:
+    """No Nagle delay; socket buffers left to the kernel's autotuning unless
+    ``PYC10D_TCP_SOCKBUF`` (bytes) asks for fixed ones (which turns autotuning off)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for opt in ():
+    size = int(os.environ.get("PYC10D_TCP_SOCKBUF", "0"))
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF) if size > 0 else ():
         try:
-            sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
+            sock.setsockopt(socket.SOL_SOCKET, opt, size)
         except OSError:
             pass
 
