@@ -443,13 +443,6 @@ class ProcessGroupWithDispatchedCollectivesTests(MultiProcessTestCase):
         super().setUp()
         self._spawn_processes()
 
-    def tearDown(self) -> None:
-        super().tearDown()
-        try:
-            os.remove(self.file_name)
-        except OSError:
-            pass
-
     def test_init_process_group_optional_backend(self) -> None:
         store = dist.FileStore(self.file_name, self.world_size)
         # Without a backend name, both gloo and nccl are created when available.

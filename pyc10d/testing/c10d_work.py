@@ -6,7 +6,6 @@ functions with ``make_fx``; here they run eagerly (see that module's docstring).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -25,13 +24,6 @@ class CompilerTest(MultiProcessTestCase):
     def setUp(self) -> None:
         super().setUp()
         self._spawn_processes()
-
-    def tearDown(self) -> None:
-        super().tearDown()
-        try:
-            os.remove(self.file_name)
-        except OSError:
-            pass
 
     def _get_default_group(self) -> Any:
         raise NotImplementedError("To be implemented by subclass")

@@ -13,6 +13,7 @@ replacement offering the parts the ported distributed tests rely on:
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import unittest
@@ -198,6 +199,21 @@ class TestCase(unittest.TestCase):
             any(pattern.match(str(w.message)) for w in caught),
             f"{pattern.pattern!r} not matched by {[str(w.message) for w in of_category]}",
         )
+
+
+def dispatch_to_ranks(case: unittest.TestCase, method_name: str, is_main: Callable[[], bool],
+                      join: Callable[[], Any]) -> None:
+    """Wrap ``case.<method_name>``: the runner's call starts and joins the ranks (``join``);
+    each rank's call runs the test body. Shared by the process and thread test cases."""
+    method = getattr(case, method_name, None)
+    if method_name == "runTest" or method is None:
+        return
+
+    @functools.wraps(method)
+    def wrapper() -> Any:
+        return join() if is_main() else method()
+
+    setattr(case, method_name, wrapper)
 
 
 def run_tests(argv: list[str] | None = None) -> None:

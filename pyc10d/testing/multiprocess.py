@@ -36,7 +36,6 @@ variable ``PYC10D_TEST_TIMEOUT``, else 60 seconds.
 from __future__ import annotations
 
 import faulthandler
-import functools
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -47,14 +46,13 @@ import threading
 import time
 import traceback
 import unittest
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, TextIO
 
 import torch
 
 from pyc10d.testing._dist import dist_module_name
-from pyc10d.testing.case import TestCase, set_rng_seed
+from pyc10d.testing.case import TestCase, dispatch_to_ranks, set_rng_seed
 from pyc10d.testing.decorators import pending_skip_reason
 
 TIMEOUT_ENV_VAR = "PYC10D_TEST_TIMEOUT"
@@ -120,18 +118,7 @@ class MultiProcessTestCase(TestCase):
         self._stack_paths: list[str] = []
         self._started_at = 0.0
         self._threads_at_fork: list[str] = []
-        method = getattr(self, methodName, None)
-        if methodName != "runTest" and method is not None:
-            setattr(self, methodName, self._join_or_run(method))
-
-    def _join_or_run(self, method: Callable[[], Any]) -> Callable[[], Any]:
-        @functools.wraps(method)
-        def wrapper() -> Any:
-            if self.rank == self.MAIN_PROCESS_RANK:
-                return self._join_processes()
-            return method()
-
-        return wrapper
+        dispatch_to_ranks(self, methodName, lambda: self.rank == self.MAIN_PROCESS_RANK, self._join_processes)
 
     # ----------------------------------------------------------------- parent
     def setUp(self) -> None:

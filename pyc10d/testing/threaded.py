@@ -46,7 +46,7 @@ import torch
 import pyc10d
 from pyc10d.errors import DistBackendError, DistError, DistTimeoutError
 from pyc10d.store import HashStore
-from pyc10d.testing.case import TestCase
+from pyc10d.testing.case import TestCase, dispatch_to_ranks
 from pyc10d.testing.decorators import pending_skip_reason
 from pyc10d.transport.threaded import terminate
 from pyc10d.world import World, set_thread_world
@@ -226,18 +226,7 @@ class MultiThreadedTestCase(TestCase):
         self.rank = self.MAIN_THREAD_RANK
         self.threads: list[threading.Thread] = []
         self._run: ThreadedRun | None = None
-        method = getattr(self, methodName, None)
-        if methodName != "runTest" and method is not None:
-            setattr(self, methodName, self._join_or_run(method))
-
-    def _join_or_run(self, method: Callable[[], Any]) -> Callable[[], Any]:
-        @functools.wraps(method)
-        def wrapper() -> Any:
-            if self.rank == self.MAIN_THREAD_RANK:
-                return self._join_threads()
-            return method()
-
-        return wrapper
+        dispatch_to_ranks(self, methodName, lambda: self.rank == self.MAIN_THREAD_RANK, self._join_threads)
 
     @property
     def world_size(self) -> int:
