@@ -51,22 +51,60 @@ def _advertised_host(store: Store) -> str:
     return "127.0.0.1"
 
 
-def _tune(sock: socket.socket) -> None:
-    """No Nagle delay; socket buffers left to the kernel's autotuning unless
-    ``PYC10D_TCP_SOCKBUF`` (bytes) asks for fixed ones (which turns autotuning off)."""
+# Socket buffer size on an oversubscribed host (more ranks on it than CPUs); the kernel
+# doubles it. Measured (4 ranks, 2 cores, all_reduce 16-64 MiB): 1.2-1.5x faster than
+# autotuning and less CPU per byte, since the sender never runs far ahead of the receiver and
+# the receiver copies bytes out while they are still in cache. With a core per rank the
+# same fixed size costs CPU (more wake-ups), so autotuning stays the default there.
+_OVERSUBSCRIBED_SOCKBUF = 256 * 1024
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _is_local(sock: socket.socket) -> bool:
+    try:
+        return sock.getpeername()[0] == sock.getsockname()[0]
+    except OSError:
+        return False
+
+
+def sockbuf_bytes(local: bool, ranks_on_host: int) -> int:
+    """Fixed SO_SNDBUF/SO_RCVBUF for one connection, or 0 for the kernel's autotuning.
+
+    ``PYC10D_TCP_SOCKBUF`` overrides the policy: a size in bytes for every connection, or 0
+    for autotuning everywhere. Otherwise connections to a rank on the same host get
+    ``_OVERSUBSCRIBED_SOCKBUF`` when that host runs more ranks than it has CPUs; everything
+    else (a core per rank, or a real network with its bandwidth-delay product) autotunes.
+    """
+    env = os.environ.get("PYC10D_TCP_SOCKBUF")
+    if env is not None and env.strip():
+        return max(int(env), 0)
+    if local and ranks_on_host > _usable_cpus():
+        return _OVERSUBSCRIBED_SOCKBUF
+    return 0
+
+
+def _tune(sock: socket.socket, bufsize: int) -> None:
+    """No Nagle delay; fixed socket buffers when ``bufsize`` > 0 (turns autotuning off)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    size = int(os.environ.get("PYC10D_TCP_SOCKBUF", "0"))
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF) if size > 0 else ():
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF) if bufsize > 0 else ():
         try:
-            sock.setsockopt(socket.SOL_SOCKET, opt, size)
+            sock.setsockopt(socket.SOL_SOCKET, opt, bufsize)
         except OSError:
             pass
 
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    # MSG_WAITALL: the kernel fills the whole buffer before returning, so a 1 MiB segment is
+    # one system call and one GIL round-trip instead of one per arriving socket-buffer chunk.
     got, n = 0, len(view)
     while got < n:
-        k = sock.recv_into(view[got:], n - got)
+        k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
         if k == 0:
             raise ConnectionResetError("connection closed by peer")
         got += k
@@ -140,10 +178,12 @@ class TCPTransport(FramedTransport):
             self._socks[peer] = sock
             expected -= 1
         listener.close()
+        local = [sock is not None and _is_local(sock) for sock in self._socks]
+        ranks_on_host = 1 + sum(local)
         for peer, sock in enumerate(self._socks):
             if sock is None:
                 continue
-            _tune(sock)
+            _tune(sock, sockbuf_bytes(local[peer], ranks_on_host))
             t = threading.Thread(
                 target=self._receive_loop, args=(peer, sock), daemon=True,
                 name=f"pyc10d-tcp-recv-{self.rank}<-{peer}",
