@@ -336,6 +336,31 @@ def fam_p2p(rank: int, ws: int) -> int:
             w.wait()
         for p, b in recvs.items():
             c.eq(b, gen(f"{key}/{rank}", p, torch.int64, n), f"{key} from {p}")
+    # receive from any source (src=None): recv returns whoever sent, payloads stay paired
+    if ws > 1:
+        if rank == 0:
+            got = {}
+            for _ in range(ws - 1):
+                buf = torch.empty(4)
+                got[dist.recv(buf, tag=11)] = buf
+            c.true(sorted(got) == list(range(1, ws)), f"any-source: senders {sorted(got)}")
+            for who, buf in got.items():
+                c.eq(buf, torch.full((4,), float(who)), f"any-source payload from {who}")
+        else:
+            dist.send(torch.full((4,), float(rank)), dst=0, tag=11)
+        # posted before the message exists; a message on another tag does not match it
+        late = torch.empty(2)
+        work = dist.irecv(late, tag=12) if rank == 0 else None
+        dist.barrier()
+        if rank == ws - 1:
+            dist.send(torch.full((3,), -1.0), dst=0, tag=13)
+            dist.send(torch.full((2,), 5.0), dst=0, tag=12)
+        if rank == 0:
+            work.wait()
+            c.eq(late, torch.full((2,), 5.0), "any-source posted first")
+            c.true(work.source_rank() == ws - 1, f"any-source: source_rank {work.source_rank()}")
+            other = torch.empty(3)
+            c.true(dist.recv(other, tag=13) == ws - 1, "any-source on tag 13")
     # irecv completes through its future too
     out = torch.empty(3)
     fut = dist.irecv(out, src=left).get_future()

@@ -13,7 +13,7 @@ import time
 import torch
 
 from ..errors import DistBackendError, DistTimeoutError
-from ..transport.base import RecvHandle, Transport
+from ..transport.base import ANY_SOURCE, RecvHandle, Transport
 
 DTYPES: list[torch.dtype] = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
@@ -52,12 +52,15 @@ class PendingRecv:
         try:
             nbytes, meta = self.handle.wait(c.remaining())
         except DistTimeoutError:
+            source = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
             raise DistTimeoutError(
                 f"{c.op}: rank {c.rank} timed out after {c.timeout:.1f}s waiting for data "
-                f"from rank {self.peer}"
+                f"from {source}"
             ) from None
         except Exception as e:
             raise type(e)(f"{c.op}: rank {c.rank}: {e}") from None
+        if self.peer == ANY_SOURCE:  # the transport matched a sender: name it by group rank
+            self.peer = c.ranks.index(self.handle.peer)
         expected = len(self.handle.buf)
         want = dtype_code(self.tensor.dtype)
         if nbytes != expected or (meta and want and meta != want):
@@ -105,6 +108,11 @@ class Comm:
     def irecv(self, peer: int, t: torch.Tensor) -> PendingRecv:
         handle = self.transport.irecv(self.ranks[peer], self.channel, byte_view(t))
         return PendingRecv(self, handle, t, peer)
+
+    def irecv_any(self, t: torch.Tensor) -> PendingRecv:
+        """A receive from whichever group member sends first on this channel."""
+        handle = self.transport.irecv(ANY_SOURCE, self.channel, byte_view(t))
+        return PendingRecv(self, handle, t, ANY_SOURCE)
 
     def recv(self, peer: int, t: torch.Tensor) -> torch.Tensor:
         return self.irecv(peer, t).wait()

@@ -39,6 +39,7 @@ class RecvWork(Work):
             try:
                 self._pending.comm.deadline = float("inf") if timeout is None else _now() + timeout
                 self._pending.wait()
+                self._source_rank = self._pending.peer
                 writeback(self._dst, self._staged)
                 self._finish(None)
             except DistTimeoutError:
@@ -97,7 +98,15 @@ class P2POps(Engine):
         return RecvWork(comm.irecv(srcRank, staged), t[0], staged, srcRank)
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Work:
-        raise NotImplementedError("recv from any source is not supported by pyc10d; pass src=")
+        """Receive from whichever rank sends first with ``tag``; ``source_rank()`` names it."""
+        t = ck.as_list(tensors)
+        ck.check_single("recv", t)
+        if self._size == 1:
+            raise ValueError("recv: no other rank to receive from in a group of size 1")
+        comm = self._p2p_comm("recv")
+        comm.channel = self._p2p_channel(tag)
+        staged = host(t[0])
+        return RecvWork(comm.irecv_any(staged), t[0], staged, -1)
 
     def barrier(self, opts: BarrierOptions | None = None, _sync: bool = False) -> Work:
         return self._submit("barrier", self._barrier, [], opts, _sync)

@@ -23,6 +23,8 @@ from abc import ABC, abstractmethod
 from ..errors import DistBackendError, DistNetworkError, DistTimeoutError
 
 NAMESPACE_SHIFT = 32
+# ``irecv`` peer meaning "whichever peer sends first on this channel".
+ANY_SOURCE = -1
 
 
 def channel_namespace(channel: int) -> int:
@@ -63,8 +65,9 @@ class RecvHandle:
         dropped (``truncated``), a smaller one fills the front of ``buf``.
         """
         if not self._done.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            source = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
             raise DistTimeoutError(
-                f"timed out after {timeout:.1f}s waiting for {len(self.buf)} bytes from rank {self.peer}"
+                f"timed out after {timeout:.1f}s waiting for {len(self.buf)} bytes from {source}"
             )
         self._done.release()
         if self.error is not None:
@@ -105,55 +108,85 @@ class Mailbox:
     """Matching of arrived messages with posted receives, shared by transports.
 
     Per peer: ``posted[channel]`` holds receives waiting for data, ``unexpected[channel]``
-    holds messages that came first. Both are FIFO, which keeps per-channel order.
+    holds messages that came first. Both are FIFO, which keeps per-channel order. A receive
+    from ``ANY_SOURCE`` waits in ``any_posted[channel]``; a message takes a receive posted
+    for its own peer before an any-source one, and an any-source receive takes the earliest
+    arrived message of its channel from whichever peer (its ``peer`` is then set to it).
     """
 
     def __init__(self, size: int) -> None:
+        self.size = size
         self.lock = threading.Lock()
         self.posted: list[dict[int, list[RecvHandle]]] = [{} for _ in range(size)]
-        self.unexpected: list[dict[int, list[tuple[bytes | bytearray, int]]]] = [
+        self.any_posted: dict[int, list[RecvHandle]] = {}
+        # (payload, meta, arrival number): the number orders messages of different peers.
+        self.unexpected: list[dict[int, list[tuple[bytes | bytearray, int, int]]]] = [
             {} for _ in range(size)
         ]
+        self._arrivals = 0
         self.dead: dict[int, BaseException] = {}
         self.aborted: dict[int, BaseException] = {}
 
     def post(self, handle: RecvHandle) -> None:
         peer, channel = handle.peer, handle.channel
         with self.lock:
-            queue = self.unexpected[peer].get(channel)
+            if peer == ANY_SOURCE:
+                peer = self._earliest_unexpected(channel)
+            queue = self.unexpected[peer].get(channel) if peer != ANY_SOURCE else None
             if queue:
-                data, meta = queue.pop(0)
+                data, meta, _ = queue.pop(0)
                 if not queue:
                     del self.unexpected[peer][channel]
+                handle.peer = peer
             else:
-                err = self.aborted.get(channel_namespace(channel)) or self.dead.get(peer)
+                err = self.aborted.get(channel_namespace(channel)) or self._lost(peer)
                 if err is None:
-                    self.posted[peer].setdefault(channel, []).append(handle)
+                    waiting = self.any_posted if peer == ANY_SOURCE else self.posted[peer]
+                    waiting.setdefault(channel, []).append(handle)
                     return
                 handle.fail(err)
                 return
         deliver_copy(handle, data, meta)
 
+    def _earliest_unexpected(self, channel: int) -> int:
+        best, first = ANY_SOURCE, None
+        for peer, per_peer in enumerate(self.unexpected):
+            queue = per_peer.get(channel)
+            if queue and (first is None or queue[0][2] < first):
+                best, first = peer, queue[0][2]
+        return best
+
+    def _lost(self, peer: int) -> BaseException | None:
+        """Why a receive from ``peer`` can never complete (any source: every peer is gone)."""
+        if peer != ANY_SOURCE:
+            return self.dead.get(peer)
+        if self.dead and len(self.dead) >= self.size - 1:
+            return next(iter(self.dead.values()))
+        return None
+
+    def _pop_posted(self, peer: int, channel: int) -> RecvHandle | None:
+        """Under the lock: the receive a message from ``peer`` on ``channel`` fills, if any."""
+        for waiting in (self.posted[peer], self.any_posted):
+            queue = waiting.get(channel)
+            if queue:
+                handle = queue.pop(0)
+                if not queue:
+                    del waiting[channel]
+                handle.peer = peer
+                return handle
+        return None
+
     def take_posted(self, peer: int, channel: int) -> RecvHandle | None:
         with self.lock:
-            queue = self.posted[peer].get(channel)
-            if not queue:
-                return None
-            handle = queue.pop(0)
-            if not queue:
-                del self.posted[peer][channel]
-            return handle
+            return self._pop_posted(peer, channel)
 
     def arrived(self, peer: int, channel: int, data: bytes | bytearray, meta: int) -> None:
         """A whole message arrived with no receive posted when it started; match or queue it."""
         with self.lock:
-            queue = self.posted[peer].get(channel)
-            if queue:
-                handle = queue.pop(0)
-                if not queue:
-                    del self.posted[peer][channel]
-            else:
-                self.unexpected[peer].setdefault(channel, []).append((data, meta))
+            handle = self._pop_posted(peer, channel)
+            if handle is None:
+                self._arrivals += 1
+                self.unexpected[peer].setdefault(channel, []).append((data, meta, self._arrivals))
                 return
         deliver_copy(handle, data, meta)
 
@@ -162,6 +195,9 @@ class Mailbox:
             self.dead.setdefault(peer, error)
             pending = [h for q in self.posted[peer].values() for h in q]
             self.posted[peer].clear()
+            if self._lost(ANY_SOURCE) is not None:
+                pending.extend(h for q in self.any_posted.values() for h in q)
+                self.any_posted.clear()
         for h in pending:
             h.fail(error)
 
@@ -169,9 +205,9 @@ class Mailbox:
         with self.lock:
             self.aborted.setdefault(namespace, error)
             pending = []
-            for per_peer in self.posted:
-                for channel in [c for c in per_peer if channel_namespace(c) == namespace]:
-                    pending.extend(per_peer.pop(channel))
+            for waiting in (*self.posted, self.any_posted):
+                for channel in [c for c in waiting if channel_namespace(c) == namespace]:
+                    pending.extend(waiting.pop(channel))
         for h in pending:
             h.fail(error)
 
