@@ -18,9 +18,11 @@ Rules every implementation keeps, so algorithms can be written once:
 from __future__ import annotations
 
 import threading
+import time
 from abc import ABC, abstractmethod
 
 from ..errors import DistBackendError, DistNetworkError, DistTimeoutError
+from .pool import PayloadPool, copy_bytes
 
 NAMESPACE_SHIFT = 32
 # ``irecv`` peer meaning "whichever peer sends first on this channel".
@@ -117,15 +119,18 @@ class Mailbox:
     def __init__(self, size: int) -> None:
         self.size = size
         self.lock = threading.Lock()
+        self.new_post = threading.Condition(self.lock)  # notified when a receive is queued
         self.posted: list[dict[int, list[RecvHandle]]] = [{} for _ in range(size)]
         self.any_posted: dict[int, list[RecvHandle]] = {}
         # (payload, meta, arrival number): the number orders messages of different peers.
-        self.unexpected: list[dict[int, list[tuple[bytes | bytearray, int, int]]]] = [
+        self.unexpected: list[dict[int, list[tuple[bytes | bytearray | memoryview, int, int]]]] = [
             {} for _ in range(size)
         ]
         self._arrivals = 0
         self.dead: dict[int, BaseException] = {}
         self.aborted: dict[int, BaseException] = {}
+        # Buffers for messages that come before their receive (see ``pool``).
+        self.pool = PayloadPool()
 
     def post(self, handle: RecvHandle) -> None:
         peer, channel = handle.peer, handle.channel
@@ -143,10 +148,12 @@ class Mailbox:
                 if err is None:
                     waiting = self.any_posted if peer == ANY_SOURCE else self.posted[peer]
                     waiting.setdefault(channel, []).append(handle)
+                    self.new_post.notify_all()
                     return
                 handle.fail(err)
                 return
         deliver_copy(handle, data, meta)
+        self.pool.release(data)
 
     def _earliest_unexpected(self, channel: int) -> int:
         best, first = ANY_SOURCE, None
@@ -176,11 +183,22 @@ class Mailbox:
                 return handle
         return None
 
-    def take_posted(self, peer: int, channel: int) -> RecvHandle | None:
+    def take_posted(self, peer: int, channel: int, wait: float = 0.0) -> RecvHandle | None:
+        """The receive for a message from ``peer`` on ``channel``; if none is posted yet,
+        give the receiver up to ``wait`` seconds to post one (``None`` if it does not)."""
         with self.lock:
-            return self._pop_posted(peer, channel)
+            handle = self._pop_posted(peer, channel)
+            if handle is not None or wait <= 0:
+                return handle
+            deadline = time.monotonic() + wait
+            while handle is None:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.new_post.wait(left):
+                    return self._pop_posted(peer, channel)
+                handle = self._pop_posted(peer, channel)
+            return handle
 
-    def arrived(self, peer: int, channel: int, data: bytes | bytearray, meta: int) -> None:
+    def arrived(self, peer: int, channel: int, data: bytes | bytearray | memoryview, meta: int) -> None:
         """A whole message arrived with no receive posted when it started; match or queue it."""
         with self.lock:
             handle = self._pop_posted(peer, channel)
@@ -189,6 +207,7 @@ class Mailbox:
                 self.unexpected[peer].setdefault(channel, []).append((data, meta, self._arrivals))
                 return
         deliver_copy(handle, data, meta)
+        self.pool.release(data)
 
     def peer_lost(self, peer: int, error: BaseException) -> None:
         with self.lock:
@@ -216,13 +235,13 @@ class Mailbox:
             self.peer_lost(peer, error)
 
 
-def deliver_copy(handle: RecvHandle, data: bytes | bytearray, meta: int) -> None:
+def deliver_copy(handle: RecvHandle, data: bytes | bytearray | memoryview, meta: int) -> None:
     n = len(data)
     if n > len(handle.buf):
         handle.complete(n, meta, truncated=True)
         return
     if n:
-        handle.buf[:n] = data
+        copy_bytes(handle.buf, data)
     handle.complete(n, meta)
 
 

@@ -15,8 +15,11 @@ from collections.abc import Callable
 
 from ..errors import DistNetworkError
 from .base import Mailbox, RecvHandle, Transport, abort_error, lost_error
+from .pool import POOL_MIN
 
 KIND_DATA, KIND_ABORT, KIND_BYE = 0, 1, 2
+# Seconds the pump holds a large message for its receive to be posted (see ``_pump``).
+WAIT_FOR_POST = 0.01
 _NO_PAYLOAD = memoryview(b"")
 
 
@@ -68,15 +71,21 @@ class FramedTransport(Transport):
                         return
                     box.abort(channel, abort_error(peer, payload.decode(errors="replace")))
                     continue
-                handle = box.take_posted(peer, channel)
+                # A large message whose receive is not posted yet would be read into a
+                # holding buffer and copied again later; the receive is usually a moment
+                # away, so wait briefly for it. Only briefly: the stream from this peer is
+                # stalled meanwhile, and the receiver may first need a message behind this one.
+                wait = WAIT_FOR_POST if nbytes >= POOL_MIN else 0.0
+                handle = box.take_posted(peer, channel, wait)
                 if handle is not None and nbytes <= len(handle.buf):
                     read(handle.buf[:nbytes], True)
                     handle.complete(nbytes, meta)
                     continue
-                payload = bytearray(nbytes)
-                read(memoryview(payload), True)
+                payload = box.pool.acquire(nbytes)
+                read(payload, True)
                 if handle is not None:
                     handle.complete(nbytes, meta, truncated=True)
+                    box.pool.release(payload)
                 else:
                     box.arrived(peer, channel, payload, meta)
         except (OSError, DistNetworkError) as e:

@@ -24,31 +24,23 @@ import uuid
 import weakref
 from datetime import timedelta
 
-import torch
-
 from ..errors import DistBackendError, DistNetworkError
 from ..store.base import Store
 from .base import Mailbox, RecvHandle, Transport, abort_error, deliver_copy, lost_error
+from .pool import GIL_FREE_COPY, PayloadPool, copy_bytes
 
 # From this size on, copies go through torch, which lets go of the GIL while copying: the
 # other rank-threads keep running (on another core) instead of waiting for the memcpy.
-_BIG = 64 * 1024
+_BIG = GIL_FREE_COPY
 
 
-def _copy_into(dst: memoryview, src: memoryview) -> None:
-    n = len(src)
-    if src.readonly:  # torch.frombuffer wants writable memory
-        dst[:n] = src
-        return
-    torch.frombuffer(dst, dtype=torch.uint8, count=n).copy_(torch.frombuffer(src, dtype=torch.uint8))
-
-
-def _copy_of(data: memoryview) -> bytes | memoryview:
+def _copy_of(pool: PayloadPool, data: memoryview) -> bytes | memoryview:
+    """The sender's bytes, held for a receive not posted yet (large ones in a pooled buffer)."""
     if len(data) < _BIG:
         return bytes(data)
-    payload = torch.empty(len(data), dtype=torch.uint8)
-    _copy_into(memoryview(payload.numpy()), data)
-    return memoryview(payload.numpy())
+    held = pool.acquire(len(data))
+    copy_bytes(held, data)
+    return held
 
 
 class Hub:
@@ -149,14 +141,10 @@ class ThreadedTransport(Transport):
             raise lost_error(peer, "it shut down its process group")
         box = hub.mailboxes[peer]
         handle = box.take_posted(self.rank, channel)
-        n = len(data)
         if handle is None:
-            box.arrived(self.rank, channel, _copy_of(data), meta)
-        elif n < _BIG or n > len(handle.buf):
-            deliver_copy(handle, data, meta)
+            box.arrived(self.rank, channel, _copy_of(box.pool, data), meta)
         else:
-            _copy_into(handle.buf, data)
-            handle.complete(n, meta)
+            deliver_copy(handle, data, meta)
 
     def irecv(self, peer: int, channel: int, buf: memoryview) -> RecvHandle:
         handle = RecvHandle(buf, peer, channel)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 
 from pyc10d.algorithms.comm import byte_view
 from pyc10d.store import HashStore, PrefixStore
-from pyc10d.transport import tcp
+from pyc10d.transport import framed, tcp
 from pyc10d.transport.tcp import TCPTransport, sockbuf_bytes
 
 pytestmark = pytest.mark.timeout(30)
@@ -92,3 +93,50 @@ def test_oversubscribed_host_gets_fixed_buffers(monkeypatch) -> None:
     finally:
         for t in ts:
             t.close()
+
+
+def test_large_message_waits_briefly_for_its_receive(monkeypatch) -> None:
+    """Posted within the pump's grace period: read straight into place, no holding buffer."""
+    a, b = world(2)
+    try:
+        held = []
+        real = b.mailbox.pool.acquire
+        monkeypatch.setattr(b.mailbox.pool, "acquire", lambda n: held.append(n) or real(n))
+        monkeypatch.setattr(framed, "WAIT_FOR_POST", 5.0)
+        src = torch.randn(1 << 20)
+        dst = torch.empty_like(src)
+        # (from a thread: the payload is larger than the socket buffers, so the send
+        # finishes only once the pump reads it)
+        sender = threading.Thread(target=a.send, args=(1, CH, byte_view(src)))
+        sender.start()
+        time.sleep(0.2)  # the header is in; the pump holds the payload for our receive
+        h = b.irecv(0, CH, byte_view(dst))
+        h.wait(10)
+        sender.join(10)
+        assert torch.equal(dst, src) and held == []
+    finally:
+        a.close()
+        b.close()
+
+
+def test_receives_posted_out_of_stream_order_complete() -> None:
+    """The receiver wants the second message first: the held first one must not block it."""
+    a, b = world(2)
+    try:
+        first, second = torch.randn(1 << 20), torch.randn(5)
+
+        def send_both() -> None:
+            a.send(1, CH, byte_view(first))
+            a.send(1, CH + 1, byte_view(second))
+
+        sender = threading.Thread(target=send_both)
+        sender.start()
+        got2 = torch.empty(5)
+        b.irecv(0, CH + 1, byte_view(got2)).wait(10)
+        got1 = torch.empty(1 << 20)
+        b.irecv(0, CH, byte_view(got1)).wait(10)
+        sender.join(10)
+        assert torch.equal(got1, first) and torch.equal(got2, second)
+    finally:
+        a.close()
+        b.close()

@@ -50,7 +50,7 @@ def test_message_arrives_whole(numel: int, posted_first: bool) -> None:
 def test_posted_receive_gets_data_without_staging(monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = world(2)
     staged = []
-    monkeypatch.setattr(tt, "_copy_of", lambda data: staged.append(1) or bytes(data))
+    monkeypatch.setattr(tt, "_copy_of", lambda pool, data: staged.append(1) or bytes(data))
     dst = torch.zeros(100_000, dtype=torch.uint8)
     src = torch.ones(100_000, dtype=torch.uint8)  # byte_view does not keep its tensor alive
     h = b.irecv(0, CH, byte_view(dst))
