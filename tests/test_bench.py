@@ -30,6 +30,18 @@ def test_large_sizes_keep_enough_timed_iterations() -> None:
     assert metrics.iterations(64 * metrics.MIB, 3)[1] == 3  # never more than asked for
 
 
+def test_best_of_rounds_keeps_the_faster_round_and_any_failure() -> None:
+    from pyc10d.bench.__main__ import best_of_rounds
+
+    def rec(t: float, ok: bool = True) -> dict:
+        return {"kind": "collective", "backend": "b", "op": "all_reduce", "world_size": 2,
+                "bytes": 8, "time_us": t, "correct": ok}
+
+    (kept,) = best_of_rounds([rec(5.0), rec(3.0, ok=False), rec(4.0)])
+    assert kept["time_us"] == 3.0 and kept["round_times_us"] == [5.0, 3.0, 4.0]
+    assert kept["correct"] is False
+
+
 @pytest.mark.timeout(120)
 def test_bench_run_writes_checked_records(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "pyc10d.bench", "--backends", "pyc10d-tcp,pyc10d-threaded",
@@ -47,6 +59,9 @@ def test_bench_run_writes_checked_records(tmp_path: Path) -> None:
     # Every timed op was checked against the expected result on every rank.
     assert all(r["correct"] for r in runs)
     assert all(r["time_us"] > 0 and r["busbw_GBps"] > 0 for r in runs)
+    # two rounds by default: one record per figure, the faster round's, both medians kept
+    assert len(runs) == len(seen)
+    assert all(len(r["round_times_us"]) == 2 and r["time_us"] == min(r["round_times_us"]) for r in runs)
     if importlib.util.find_spec("matplotlib") is not None:  # the plot needs the bench extra
         assert (tmp_path / "smoke.png").stat().st_size > 0
     assert "all_reduce, world size 2" in proc.stdout
