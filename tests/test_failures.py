@@ -208,6 +208,26 @@ def test_rank_exits_mid_collective(backend: str, when: str) -> None:
     assert all(isinstance(s, float) and s < 5 for s in res[:2]), res
 
 
+def _any_source_peer_exits(rank: int, ws: int) -> float:
+    if rank == 1:
+        time.sleep(0.3)
+        os._exit(17)
+    c = Check(rank)
+    t0 = time.monotonic()
+    _expect_error(c, "recv(src=None) while the only peer exits",
+                  lambda: dist.recv(torch.empty(5)), ["rank 1"])
+    c.finish()
+    return time.monotonic() - t0
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("backend", PROCESS_BACKENDS)
+def test_any_source_recv_fails_when_every_peer_is_gone(backend: str) -> None:
+    res = run_ranks(backend, 2, _any_source_peer_exits, timeout=20, may_exit=(1,))
+    assert exited(res[1])
+    assert isinstance(res[0], float) and res[0] < 5, res
+
+
 # -- timeouts -------------------------------------------------------------------------------------
 def _skip_collective(rank: int, ws: int, where: str) -> str:
     c = Check(rank)
