@@ -28,6 +28,14 @@ from .framed import FramedTransport
 _HEADER = struct.Struct("<QQII")
 _HELLO = struct.Struct("<Iq")
 _SMALL = 64 * 1024
+# Large payloads go into and out of the kernel this many bytes per system call. Measured on
+# loopback (one 64 MiB message, 2 cores): 512 KiB calls on both sides took 11-15 ms where
+# one call for the whole message took 24-27 ms; 1 MiB calls 20-22 ms. Small calls keep the
+# kernel's buffers few and warm in cache, and let the receiver return window space early.
+_CHUNK = 512 * 1024
+# ...but only for messages larger than this (a ring segment is at most 1 MiB): between ranks
+# of an oversubscribed host, splitting 1 MiB segments cost 20% more CPU per all_reduce.
+_CHUNK_ABOVE = 1 << 20
 
 
 def _advertised_host(store: Store) -> str:
@@ -100,11 +108,12 @@ def _tune(sock: socket.socket, bufsize: int) -> None:
 
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
-    # MSG_WAITALL: the kernel fills the whole buffer before returning, so a 1 MiB segment is
-    # one system call and one GIL round-trip instead of one per arriving socket-buffer chunk.
+    # MSG_WAITALL: the kernel fills the buffer before returning, one system call and one GIL
+    # round-trip per _CHUNK instead of one per arriving socket-buffer's worth.
     got, n = 0, len(view)
+    step = _CHUNK if n > _CHUNK_ABOVE else n
     while got < n:
-        k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
+        k = sock.recv_into(view[got:], min(n - got, step), socket.MSG_WAITALL)
         if k == 0:
             raise ConnectionResetError("connection closed by peer")
         got += k
@@ -216,7 +225,9 @@ class TCPTransport(FramedTransport):
                     sock.sendall(header + data)
                 else:
                     sock.sendall(header)
-                    sock.sendall(data)
+                    step = _CHUNK if len(data) > _CHUNK_ABOVE else len(data)
+                    for start in range(0, len(data), step):
+                        sock.sendall(data[start:start + step])
         except OSError as e:
             err = self.mailbox.dead.get(peer) or lost_error(peer, f"send failed: {e}")
             raise err from e
