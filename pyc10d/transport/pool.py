@@ -72,7 +72,7 @@ class PayloadPool:
 def copy_bytes(dst: memoryview, src: memoryview | bytes | bytearray) -> None:
     """``dst[:len(src)] = src``; large copies run without the GIL (other threads go on)."""
     n = len(src)
-    if n < GIL_FREE_COPY or (isinstance(src, memoryview) and src.readonly) or isinstance(src, bytes):
+    if n < GIL_FREE_COPY or memoryview(src).readonly:  # torch.frombuffer needs writable memory
         dst[:n] = src
         return
     torch.frombuffer(dst, dtype=torch.uint8, count=n).copy_(torch.frombuffer(src, dtype=torch.uint8))

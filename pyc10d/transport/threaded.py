@@ -29,14 +29,10 @@ from ..store.base import Store
 from .base import Mailbox, RecvHandle, Transport, abort_error, deliver_copy, lost_error
 from .pool import GIL_FREE_COPY, PayloadPool, copy_bytes
 
-# From this size on, copies go through torch, which lets go of the GIL while copying: the
-# other rank-threads keep running (on another core) instead of waiting for the memcpy.
-_BIG = GIL_FREE_COPY
-
 
 def _copy_of(pool: PayloadPool, data: memoryview) -> bytes | memoryview:
     """The sender's bytes, held for a receive not posted yet (large ones in a pooled buffer)."""
-    if len(data) < _BIG:
+    if len(data) < GIL_FREE_COPY:  # small: a plain copy; large ones copy without the GIL
         return bytes(data)
     held = pool.acquire(len(data))
     copy_bytes(held, data)
