@@ -20,7 +20,8 @@ __all__ = [
     "init_process_group", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
     "get_backend", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
     "get_process_group_ranks", "get_group_rank", "get_global_rank", "_get_default_group",
-    "_get_default_store", "_rank_not_in_group", "is_available", "is_gloo_available",
+    "_get_default_store", "_rank_not_in_group", "_get_group_tag", "_find_pg_by_ranks_and_tag",
+    "_find_or_create_pg_by_ranks_and_tag", "is_available", "is_gloo_available",
     "is_nccl_available", "is_mpi_available", "is_torchelastic_launched", "get_pg_count",
 ]
 
@@ -163,10 +164,20 @@ def _new_group_with_tag(
             raise ValueError(f"new_group: invalid rank {r}: ranks must be in [0, {world_size})")
     if len(set(ranks)) != len(ranks):
         raise ValueError(f"new_group: duplicate ranks in {ranks}")
+    user_tag = f"user:{pg_tag}" if pg_tag and not pg_tag.startswith(("user:", "ptd:")) else pg_tag
+    if user_tag:
+        # The same tag and ranks give the same group (torch's rule). Such a group is named from
+        # its tag and ranks, not the counter: ranks may create it in different numbers (only
+        # the members do, in _find_or_create_pg_by_ranks_and_tag) without the names drifting.
+        existing = _lookup_tagged(world, user_tag, ranks, members_only=False)
+        if existing is not None:
+            return existing
     if use_local_synchronization:
         if global_rank not in ranks:
             return None
         name = _hashed_name(ranks)
+    elif user_tag:
+        name = "tag-" + hashlib.sha1(f"{user_tag}|{ranks}".encode()).hexdigest()[:16]
     else:
         name = str(world.group_count)
         world.group_count += 1
@@ -174,7 +185,7 @@ def _new_group_with_tag(
         timeout = getattr(pg_options, "_timeout", None) or world.timeout
     timeout = _as_timeout(timeout)
     backend_name = str(backend).lower() if backend else world.backend_name
-    tag = pg_tag or f"ptd:{name}"
+    tag = user_tag or f"ptd:{name}"
     if global_rank not in ranks:
         sentinel = NonGroupMember()
         world.register(sentinel, name, ranks, backend_name, tag)
@@ -197,6 +208,51 @@ def _new_group_with_tag(
         pg.group_desc = group_desc
     world.register(pg, name, ranks, backend_name, tag)
     return pg
+
+
+def _lookup_tagged(world: Any, tag: str, ranks: list[int], members_only: bool) -> Any:
+    """The group registered under ``tag`` whose ranks are exactly ``ranks`` (non-member
+    sentinels included unless ``members_only``), or None."""
+    want = sorted(ranks)
+    for pg in world.tags_to_pg.get(tag, []):
+        if members_only and isinstance(pg, NonGroupMember):
+            continue
+        if sorted(world.pg_group_ranks.get(pg, {})) == want:
+            return pg
+    return None
+
+
+def _get_group_tag(pg: Any) -> str:
+    """The tag ``pg`` was created with (``user:`` stripped), or its ``ptd:<name>`` default."""
+    tag = current_world().pg_tags.get(_resolve(pg))
+    if tag is None:
+        raise ValueError(f"Group {pg} is not registered, please create group with new_group")
+    return tag[5:] if tag.startswith("user:") else tag
+
+
+def _find_pg_by_ranks_and_tag(tag: str, ranks: list[int]) -> Any:
+    """The group this rank belongs to with exactly ``ranks`` and ``tag`` ("" matches any tag)."""
+    if tag and not tag.startswith(("ptd:", "user:")):
+        tag = f"user:{tag}"
+    return _lookup_tagged(current_world(), tag, list(ranks), members_only=True)
+
+
+def _find_or_create_pg_by_ranks_and_tag(tag: str, ranks: list[int], stride: int) -> Any:
+    """``ranks`` holds consecutive groups of ``stride`` ranks: find (or create, with ``tag``)
+    the one this rank is in. Only that group's members need to call it."""
+    if stride <= 0 or len(ranks) % stride:
+        raise ValueError(f"_find_or_create_pg_by_ranks_and_tag: {len(ranks)} ranks do not split by {stride}")
+    me = get_rank()
+    mine = next((ranks[i:i + stride] for i in range(0, len(ranks), stride) if me in ranks[i:i + stride]), None)
+    if mine is None:
+        raise ValueError(f"_find_or_create_pg_by_ranks_and_tag: rank {me} is not in {ranks}")
+    mine = sorted(mine)
+    pg = _find_pg_by_ranks_and_tag(tag, mine)
+    if pg is not None:
+        return pg
+    if tag == "":
+        raise ValueError("Cannot automatically create PG with empty tag")
+    return _new_group_with_tag(mine, pg_tag=tag)
 
 
 def new_subgroups(
