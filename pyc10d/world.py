@@ -57,6 +57,7 @@ class World:
         self.backend_name: str | None = None
         self.pg_group_ranks: dict[Any, dict[int, int]] = {}
         self.pg_names: dict[Any, str] = {}
+        self.pg_by_name: dict[str, Any] = {}
         self.pg_backend: dict[Any, str] = {}
         self.pg_tags: dict[Any, str] = {}
         self.tags_to_pg: dict[str, list[Any]] = {}
@@ -67,6 +68,7 @@ class World:
     def register(self, pg: Any, name: str, ranks: list[int], backend: str, tag: str) -> None:
         self.pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
         self.pg_names[pg] = name
+        self.pg_by_name[name] = pg
         self.pg_backend[pg] = backend
         self.pg_tags[pg] = tag
         self.tags_to_pg.setdefault(tag, []).append(pg)
@@ -75,7 +77,9 @@ class World:
 
     def unregister(self, pg: Any) -> None:
         self.pg_group_ranks.pop(pg, None)
-        self.pg_names.pop(pg, None)
+        name = self.pg_names.pop(pg, None)
+        if name is not None and self.pg_by_name.get(name) is pg:
+            del self.pg_by_name[name]
         self.pg_backend.pop(pg, None)
         tag = self.pg_tags.pop(pg, None)
         for key in (tag, ""):

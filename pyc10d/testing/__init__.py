@@ -18,6 +18,7 @@ from pyc10d.testing.decorators import (
     ADDRESS_IN_USE,
     CONNECT_TIMEOUT,
     requires_gloo,
+    requires_nccl,
     retry_on_connect_failures,
     skip_but_pass_in_sandcastle,
     skip_but_pass_in_sandcastle_if,
@@ -26,8 +27,9 @@ from pyc10d.testing.decorators import (
     skip_if_win32,
 )
 from pyc10d.testing.fake import FakeStore
-from pyc10d.testing.multiprocess import MultiProcessTestCase
+from pyc10d.testing.multiprocess import TEST_SKIPS, MultiProcessTestCase
 from pyc10d.testing.net import LOOPBACK, Device, create_device, find_free_port
+from pyc10d.testing.params import instantiate_parametrized_tests, parametrize
 from pyc10d.testing.threaded import MultiThreadedTestCase, spawn_threads_and_init_comms
 
 __all__ = [
@@ -39,13 +41,17 @@ __all__ = [
     "MultiProcessTestCase",
     "MultiThreadedTestCase",
     "SEED",
+    "TEST_SKIPS",
     "TestCase",
     "create_device",
     "dist_module_name",
     "find_free_port",
     "get_dist",
     "gpus_for_rank",
+    "instantiate_parametrized_tests",
+    "parametrize",
     "requires_gloo",
+    "requires_nccl",
     "retry_on_connect_failures",
     "run_tests",
     "set_dist_module",

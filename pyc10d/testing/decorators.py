@@ -150,3 +150,8 @@ def retry_on_connect_failures(
         raise AssertionError("unreachable")
 
     return wrapper
+
+
+def requires_nccl() -> Callable[[F], F]:
+    """Skip: pyc10d has no NCCL backend (CUDA tensors are staged through host memory)."""
+    return _skip_when(lambda: "c10d was not compiled with NCCL support")

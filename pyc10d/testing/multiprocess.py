@@ -47,7 +47,7 @@ import time
 import traceback
 import unittest
 from dataclasses import dataclass
-from typing import Any, ClassVar, TextIO
+from typing import Any, ClassVar, NamedTuple, TextIO
 
 import torch
 
@@ -71,6 +71,26 @@ SKIP_EXIT_CODES: dict[int, str] = {
     86: "Test skipped at subprocess level, look at subprocess log for skip reason",
     87: "Skipped due to odd world size.",
     89: "accelerator is not available.",
+}
+
+
+class TestSkip(NamedTuple):
+    exit_code: int
+    message: str
+
+
+#: torch's ``TEST_SKIPS``: ``sys.exit(TEST_SKIPS["multi-gpu-2"].exit_code)`` in a rank skips the test.
+TEST_SKIPS: dict[str, TestSkip] = {
+    "backend_unavailable": TestSkip(72, SKIP_EXIT_CODES[72]),
+    "small_worldsize": TestSkip(73, SKIP_EXIT_CODES[73]),
+    "no_cuda": TestSkip(74, SKIP_EXIT_CODES[74]),
+    "multi-gpu-1": TestSkip(75, SKIP_EXIT_CODES[75]),
+    "nccl": TestSkip(76, SKIP_EXIT_CODES[76]),
+    "multi-gpu-2": TestSkip(77, SKIP_EXIT_CODES[77]),
+    "multi-gpu-4": TestSkip(81, SKIP_EXIT_CODES[81]),
+    "multi-gpu-8": TestSkip(85, SKIP_EXIT_CODES[85]),
+    "generic": TestSkip(86, SKIP_EXIT_CODES[86]),
+    "odd_worldsize": TestSkip(87, SKIP_EXIT_CODES[87]),
 }
 
 _MAX_STACK_CHARS = 6000

@@ -30,6 +30,7 @@ per thread), so a backward pass runs on the rank's thread and sees that rank's g
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -37,7 +38,7 @@ import threading
 import time
 import traceback
 import unittest
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -63,6 +64,37 @@ def _timeout(value: float | None) -> float:
     return float(os.environ.get(TIMEOUT_ENV_VAR) or DEFAULT_TIMEOUT)
 
 
+_patcher_local = threading.local()
+
+
+@contextlib.contextmanager
+def _thread_patcher() -> Iterator[Any]:
+    from torch.fx import _symbolic_trace
+
+    prior = getattr(_patcher_local, "patcher", None)
+    patcher = _patcher_local.patcher = _symbolic_trace._Patcher()
+    try:
+        yield patcher
+    finally:
+        patcher.revert_all_patches()
+        _patcher_local.patcher = prior
+
+
+def _per_thread_fx_patcher() -> None:
+    """Let rank-threads trace (``make_fx``) at the same time.
+
+    torch.fx keeps the tracer's patcher in one module global, which two threads tracing at
+    once clobber ("CURRENT_PATCHER is None in finally block"); rank-threads must trace
+    together, since each trace runs collectives the others join. This gives each thread
+    its own patcher (torch's tests reset the sibling global ``_is_fx_tracing_flag`` in
+    tearDown for the same reason).
+    """
+    from torch.fx import _symbolic_trace
+
+    if _symbolic_trace._new_patcher is not _thread_patcher:
+        _symbolic_trace._new_patcher = _thread_patcher
+
+
 @dataclass
 class _Outcome:
     rank: int
@@ -84,6 +116,7 @@ class ThreadedRun:
 
     def start(self, body: Callable[[int], Any]) -> None:
         self._started = time.monotonic()
+        _per_thread_fx_patcher()
         for rank in range(self.world_size):
             t = threading.Thread(
                 target=self._rank_main, args=(rank, body), name=f"pyc10d-rank-{rank}", daemon=True

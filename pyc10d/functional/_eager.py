@@ -1,0 +1,177 @@
+"""Eager kernels of the functional collectives, on top of pyc10d's public collectives.
+
+Each kernel allocates a fresh output, starts the collective with ``async_op=True`` and
+records its ``Work`` against the output's storage; ``wait`` (the ``wait_tensor`` op, or an
+``AsyncCollectiveTensor``'s first use) finishes it. Compute issued between the two overlaps
+the communication, which runs on the group's progress thread.
+
+Messages of at most ``INLINE_BYTES`` (``PYC10D_FUNCOL_INLINE_BYTES``, default 16 KiB) run
+synchronously on the caller's thread instead: for them the hop to the progress thread and
+back costs more than anything they could overlap with. The result is the same either way.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import torch
+
+from .. import collectives as C
+from ..types import as_reduce_op
+from ._groups import pg_by_name
+
+INLINE_BYTES = int(os.environ.get("PYC10D_FUNCOL_INLINE_BYTES", 16 * 1024))
+
+# storage pointer -> Work of the collective still writing it. The Work holds the output
+# tensors, so a pointer cannot be reused while its entry is here.
+_pending: dict[int, Any] = {}
+_pending_lock = threading.Lock()
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _register(outputs: list[torch.Tensor], work: Any) -> None:
+    if work is None:
+        return
+    with _pending_lock:
+        for t in outputs:
+            if t.numel():
+                _pending[_key(t)] = work
+    for t in outputs:
+        if not t.numel():  # no storage to key on: finish now, nothing to overlap anyway
+            work.wait()
+            break
+
+
+def wait(t: torch.Tensor) -> torch.Tensor:
+    """Block until the collective writing ``t`` is done (at once when there is none)."""
+    if not _pending or not t.numel():
+        return t
+    key = _key(t)
+    work = _pending.get(key)
+    if work is not None:
+        try:
+            work.wait()
+        finally:
+            with _pending_lock:
+                if _pending.get(key) is work:
+                    del _pending[key]
+    return t
+
+
+def pending_count() -> int:
+    """Collectives started and not yet waited for (a test and debugging aid)."""
+    return len(_pending)
+
+
+def _async(nbytes: int) -> bool:
+    return nbytes > INLINE_BYTES
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def all_reduce(input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
+    out = input.detach().clone(memory_format=torch.contiguous_format)
+    a = _async(_nbytes(out))
+    _register([out], C.all_reduce(out, as_reduce_op(reduce_op), pg_by_name(group_name), async_op=a))
+    return out
+
+
+def all_reduce_coalesced(inputs: list[torch.Tensor], reduce_op: str, group_name: str) -> list[torch.Tensor]:
+    outs = [t.detach().clone(memory_format=torch.contiguous_format) for t in inputs]
+    if not outs:
+        return outs
+    a = _async(sum(_nbytes(t) for t in outs))
+    pg, op = pg_by_name(group_name), as_reduce_op(reduce_op)
+    work = None
+    for dtype in dict.fromkeys(t.dtype for t in outs):  # one coalesced call per dtype
+        same = [t for t in outs if t.dtype == dtype]
+        work = C.all_reduce_coalesced(same, op, pg, async_op=a)
+        if a:
+            _register(same, _FutureWork(work))
+    return outs
+
+
+class _FutureWork:
+    """A Work-like view of the Future that ``all_reduce_coalesced(async_op=True)`` returns."""
+
+    def __init__(self, fut: Any) -> None:
+        self.fut = fut
+
+    def wait(self) -> None:
+        self.fut.wait()
+
+
+def _gathered_shape(input: torch.Tensor, group_size: int) -> list[int]:
+    shape = list(input.shape) or [1]
+    shape[0] *= group_size
+    return shape
+
+
+def all_gather_into_tensor(input: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
+    pg = pg_by_name(group_name)
+    _check_size(pg, group_size, "all_gather_into_tensor")
+    inp = input.detach().contiguous()
+    out = inp.new_empty(_gathered_shape(inp, group_size))
+    _register([out], C.all_gather_into_tensor(out, inp.reshape(-1) if not inp.dim() else inp, pg,
+                                              async_op=_async(_nbytes(out))))
+    return out
+
+
+def all_gather_into_tensor_coalesced(inputs: list[torch.Tensor], group_size: int, group_name: str) -> list[torch.Tensor]:
+    return [all_gather_into_tensor(t, group_size, group_name) for t in inputs]
+
+
+def reduce_scatter_tensor(input: torch.Tensor, reduce_op: str, group_size: int, group_name: str) -> torch.Tensor:
+    pg = pg_by_name(group_name)
+    _check_size(pg, group_size, "reduce_scatter_tensor")
+    inp = input.detach().contiguous()
+    if not inp.dim() or inp.shape[0] % group_size:
+        raise ValueError(
+            f"reduce_scatter_tensor: input dim 0 ({inp.shape[0] if inp.dim() else 'scalar'}) "
+            f"must be divisible by the group size {group_size}"
+        )
+    out = inp.new_empty([inp.shape[0] // group_size, *inp.shape[1:]])
+    work = C.reduce_scatter_tensor(out, inp, as_reduce_op(reduce_op), pg, async_op=_async(_nbytes(inp)))
+    _register([out], work)
+    return out
+
+
+def reduce_scatter_tensor_coalesced(inputs: list[torch.Tensor], reduce_op: str, group_size: int,
+                                    group_name: str) -> list[torch.Tensor]:
+    return [reduce_scatter_tensor(t, reduce_op, group_size, group_name) for t in inputs]
+
+
+def all_to_all_single(input: torch.Tensor, output_split_sizes: list[int] | None,
+                      input_split_sizes: list[int] | None, group_name: str) -> torch.Tensor:
+    pg = pg_by_name(group_name)
+    inp = input.detach().contiguous()
+    if output_split_sizes is None or len(output_split_sizes) == 0:
+        out = torch.empty_like(inp)
+        out_splits = None
+    else:
+        out = inp.new_empty([sum(int(s) for s in output_split_sizes), *inp.shape[1:]])
+        out_splits = [int(s) for s in output_split_sizes]
+    in_splits = [int(s) for s in input_split_sizes] if input_split_sizes else None
+    work = C.all_to_all_single(out, inp, out_splits, in_splits, pg, async_op=_async(_nbytes(inp) + _nbytes(out)))
+    _register([out], work)
+    return out
+
+
+def broadcast(input: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
+    """``src`` is the source's rank within the group (torch's functional op says the same)."""
+    out = input.detach().clone(memory_format=torch.contiguous_format)
+    work = C.broadcast(out, group=pg_by_name(group_name), async_op=_async(_nbytes(out)), group_src=src)
+    _register([out], work)
+    return out
+
+
+def _check_size(pg: Any, group_size: int, opname: str) -> None:
+    if pg.size() != group_size:
+        raise ValueError(f"{opname}: group_size {group_size} does not match the group's size {pg.size()}")
