@@ -3,12 +3,14 @@
 ``import pyc10d as dist`` where you wrote ``import torch.distributed as dist``. Layers, each
 importing only the ones before it: ``store`` → ``transport`` → ``algorithms`` → ``backends``
 → ``process_group`` → the public API (``groups``, ``collectives``, ``p2p``,
-``object_collectives``), re-exported here.
+``object_collectives``), re-exported here. On top of it, rooms of their own:
+``functional`` (functional collectives; importing it also installs how in-place
+collectives are traced) and ``device_mesh``.
 """
 
 from __future__ import annotations
 
-from . import distributed_c10d
+from . import device_mesh, distributed_c10d, functional
 from .backends import Work
 from .collectives import (
     _all_gather_base,
@@ -30,6 +32,7 @@ from .collectives import (
     reduce_scatter_tensor,
     scatter,
 )
+from .device_mesh import DeviceMesh, init_device_mesh
 from .errors import DistBackendError, DistError, DistNetworkError, DistStoreError, DistTimeoutError
 from .groups import (
     _get_default_group,
@@ -85,7 +88,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AllToAllOptions", "AllgatherOptions", "AllreduceCoalescedOptions", "AllreduceOptions", "Backend",
-    "BarrierOptions", "BroadcastOptions", "DistBackendError", "DistError", "DistNetworkError",
+    "BarrierOptions", "BroadcastOptions", "DeviceMesh", "device_mesh", "functional", "init_device_mesh", "DistBackendError", "DistError", "DistNetworkError",
     "DistStoreError", "DistTimeoutError", "FileStore", "GatherOptions", "GroupMember", "HashStore",
     "P2POp", "PrefixStore", "ProcessGroup", "ProcessGroupGloo", "ReduceOp", "ReduceOptions",
     "ReduceScatterOptions", "ScatterOptions", "Store", "TCPStore", "Work", "all_gather",

@@ -7,7 +7,10 @@ synchronously (on the caller's thread when the group is idle) or returns its Wor
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -46,8 +49,44 @@ def group_rank(pg: Any, global_rank: int | None, group_rank_: int | None, what: 
     return get_group_rank(pg, global_rank)
 
 
+#: How an in-place collective is recorded when it is called under ``make_fx`` or
+#: ``torch.compile``: ``hook(pg, method, args, async_op)``. ``pyc10d.functional`` installs it
+#: (as the traced functional ops); this layer only knows that one may be there.
+trace_hook: Callable[..., Any] | None = None
+
+
+_kernel = threading.local()
+
+
+def tracing() -> bool:
+    """True under torch.compile, make_fx or any dispatch mode (fake, functional, proxy),
+    except inside an operator's kernel: that is the real run, never a trace."""
+    if getattr(_kernel, "active", False):
+        return False
+    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+
+
+@contextlib.contextmanager
+def kernel_scope() -> Iterator[None]:
+    """Mark the calling thread as running an operator's kernel (see ``tracing``)."""
+    outer = getattr(_kernel, "active", False)
+    _kernel.active = True
+    try:
+        yield
+    finally:
+        _kernel.active = outer
+
+
 def invoke(pg: Any, method: str, *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
-    """Call ``pg.method``; wait unless ``async_op``. pyc10d engines run idle sync calls inline."""
+    """Call ``pg.method``; wait unless ``async_op``. pyc10d engines run idle sync calls inline.
+
+    Under tracing the call is handed to ``trace_hook``, so a traced graph records the
+    collective instead of the tracer silently running (or skipping) it.
+    """
+    if tracing():
+        if trace_hook is None:
+            raise RuntimeError(f"{method}: in-place collectives can only be traced once pyc10d.functional is imported")
+        return trace_hook(pg, method, args, async_op)
     engine = getattr(pg, "_engine", None)
     if isinstance(engine, Engine):
         if not async_op:

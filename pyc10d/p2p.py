@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ._preamble import check_tensor, group_or_warn, group_rank
+from ._preamble import check_tensor, group_or_warn, group_rank, tracing
 from .groups import get_global_rank
 
 __all__ = ["send", "recv", "isend", "irecv", "P2POp", "batch_isend_irecv"]
@@ -25,9 +25,15 @@ def _peer(pg: Any, peer: int | None, group_peer: int | None, what: str, opname: 
     return r
 
 
+def _untraceable(opname: str) -> None:
+    if tracing():  # a trace would run it once and record nothing: say so instead
+        raise RuntimeError(f"{opname}: point-to-point operations cannot be traced by make_fx or torch.compile")
+
+
 def isend(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: int = 0,
           group_dst: int | None = None) -> Any:
     check_tensor(tensor, "tensor")
+    _untraceable("send")
     pg = group_or_warn(group, "isend")
     if pg is None:
         return None
@@ -37,6 +43,7 @@ def isend(tensor: torch.Tensor, dst: int | None = None, group: Any = None, tag: 
 def irecv(tensor: torch.Tensor, src: int | None = None, group: Any = None, tag: int = 0,
           group_src: int | None = None) -> Any:
     check_tensor(tensor, "tensor")
+    _untraceable("recv")
     pg = group_or_warn(group, "irecv")
     if pg is None:
         return None

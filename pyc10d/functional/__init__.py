@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
+from .. import _preamble
 from ..groups import get_rank
 from ..types import as_reduce_op
-from . import _eager
+from . import _eager, _inplace
 from ._autograd import AllGatherIntoTensor, AllToAllSingle, ReduceScatterTensor
 from ._groups import _expand_group, pg_by_name, resolve_group_name
 from ._ops import NAMESPACE, ops
@@ -36,9 +37,8 @@ __all__ = [
 _resolve_group_name = resolve_group_name
 
 
-def _are_we_tracing() -> bool:
-    """True under torch.compile, make_fx or any dispatch mode (fake, functional, proxy)."""
-    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+_are_we_tracing = _preamble.tracing
+_preamble.trace_hook = _inplace.trace
 
 
 def _eager_ok(t: torch.Tensor) -> bool:

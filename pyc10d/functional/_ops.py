@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .._preamble import kernel_scope
 from . import _eager, _inductor
 
 NAMESPACE = "pyc10d_functional"
@@ -95,6 +96,16 @@ def _below_autograd(op: Any) -> Callable[..., Any]:
     return kernel
 
 
+def _as_kernel(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The eager kernel runs the collective for real, whatever modes are active above it."""
+
+    def kernel(*args: Any) -> Any:
+        with kernel_scope():
+            return fn(*args)
+
+    return kernel
+
+
 def _fake(kernel: Callable[..., Any]) -> Callable[..., Any]:
     def fake(*args: Any) -> Any:
         _inductor.maybe_register_lowerings(getattr(torch.ops, NAMESPACE))
@@ -114,7 +125,7 @@ _EAGER["wait_tensor"] = _wait_copy
 
 for _name, _schema in _SCHEMAS.items():
     _lib.define(_name + _schema)
-    _lib.impl(_name, _EAGER[_name], "CompositeExplicitAutograd")
+    _lib.impl(_name, _as_kernel(_EAGER[_name]), "CompositeExplicitAutograd")
     torch.library.register_fake(f"{NAMESPACE}::{_name}", _fake(_FAKE[_name]), lib=_lib)
     if _name == "wait_tensor":  # gradients flow through a wait unchanged
         torch.library.register_autograd(f"{NAMESPACE}::wait_tensor", lambda ctx, grad: grad, lib=_lib)

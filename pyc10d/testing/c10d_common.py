@@ -8,10 +8,9 @@ module selected in :mod:`pyc10d.testing._dist` (pyc10d by default).
 
 Differences from upstream, by necessity:
 
-* ``CompilerTest`` runs its functions eagerly: there is no ``make_fx`` tracing
-  of collectives outside torch's C++ ops, and no ``CommTensor``. Each helper
-  still issues the collective asynchronously, waits on the returned work and
-  checks that results are reproducible and depend on the input.
+* ``CompilerTest`` traces in-place collectives as pyc10d's functional ops (see
+  :mod:`pyc10d.testing.c10d_work`) instead of through a ``CommTensor``; the rest
+  of each body is upstream's: make_fx, a graph check, traced vs eager.
 * ``ProcessGroupWithDispatchedCollectivesTests`` keeps the helpers and the
   backend-agnostic ``test_init_process_group_optional_backend``; the tests that
   enumerate every torch backend or start a torch subprocess are left out.

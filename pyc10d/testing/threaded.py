@@ -95,6 +95,14 @@ def _per_thread_fx_patcher() -> None:
         _symbolic_trace._new_patcher = _thread_patcher
 
 
+def _reset_fx_tracing_flag() -> None:
+    """Traces that overlapped in rank-threads can leave torch.fx's global "is tracing" flag
+    set (each restores the value it saw on entry); nothing traces once the ranks are done."""
+    from torch.fx import _symbolic_trace
+
+    _symbolic_trace._is_fx_tracing_flag = False
+
+
 @dataclass
 class _Outcome:
     rank: int
@@ -157,6 +165,7 @@ class ThreadedRun:
         deadline = self._started + self.timeout
         for t in self.threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        _reset_fx_tracing_flag()
         stuck = [r for r, t in enumerate(self.threads) if t.is_alive()]
         stacks = _stacks([self.threads[r] for r in stuck])
         if stuck:
