@@ -9,8 +9,8 @@
 # - test_construct_fsdp, test_fsdp_fake_e2e, test_fsdp_tp_fake_e2e: torch's FSDP, DeviceMesh
 #   and tensor parallelism only run on torch.distributed's own (C++) process groups; they
 #   cannot be layered on pyc10d's groups. They also need CUDA, as upstream.
-# - test_fake_pg_tracing: needs functional collectives (torch.distributed.
-#   _functional_collectives), not yet in pyc10d; it also needs CUDA, as upstream.
+# - test_fake_pg_tracing: needs CUDA, as upstream; its functional collectives come from
+#   pyc10d.functional. Its CPU twin, test_fake_pg_tracing_cpu, runs here.
 # The torch imports only those tests use are made inside them, so this module never
 # imports torch.distributed.
 
@@ -41,7 +41,6 @@ NEEDS_TORCH_TP = (
     "needs CUDA and torch's DeviceMesh, tensor parallelism and FSDP on top of pyc10d process groups "
     "(they only run on torch.distributed's own ProcessGroup objects)"
 )
-NEEDS_FUNCOL = "needs functional collectives (torch.distributed._functional_collectives, not yet in pyc10d) and CUDA"
 
 
 class TestFakePG(TestCase):
@@ -106,10 +105,9 @@ class TestFakePG(TestCase):
         loss.backward()
         optim.step()
 
-    @unittest.skip(NEEDS_FUNCOL)
     @unittest.skipIf(not HAS_CUDA, "No CUDA")
     def test_fake_pg_tracing(self):
-        import torch.distributed._functional_collectives as funcol
+        import pyc10d.functional as funcol
         from torch.fx.experimental.proxy_tensor import make_fx
         from torch.testing import FileCheck
 
@@ -123,6 +121,34 @@ class TestFakePG(TestCase):
 
         gm = make_fx(allgather_fn)(torch.randn(2, 2, device="cuda"))
         FileCheck().check("all_gather").check("wait_tensor").run(str(gm.graph))
+
+    # Not in the seed: test_fake_pg_tracing on CPU (and the in-place API beside it).
+    def test_fake_pg_tracing_cpu(self):
+        import pyc10d.functional as funcol
+        from torch.fx.experimental.proxy_tensor import make_fx
+        from torch.testing import FileCheck
+
+        store = dist.HashStore()
+        dist.init_process_group(backend="fake", rank=0, world_size=2, store=store)
+
+        default_pg = dist.distributed_c10d._get_default_group()
+
+        def allgather_fn(tensor):
+            return funcol.all_gather_tensor(tensor, 0, default_pg)
+
+        gm = make_fx(allgather_fn)(torch.randn(2, 2))
+        FileCheck().check("all_gather").check("wait_tensor").run(str(gm.graph))
+
+        def inplace_fn(tensor):
+            outs = [torch.empty_like(tensor) for _ in range(2)]
+            dist.all_gather(outs, tensor)
+            dist.all_reduce(outs[1])
+            return outs[1]
+
+        gm = make_fx(inplace_fn)(torch.randn(2, 2))
+        FileCheck().check("all_gather").check("wait_tensor").check("all_reduce").check(
+            "wait_tensor"
+        ).run(str(gm.graph))
 
     def test_broadcast(self):
         store = FakeStore()

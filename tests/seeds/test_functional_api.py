@@ -816,5 +816,110 @@ class TestFunctionalAutogradWithNCCL(MultiProcessTestCase):
         self.assertEqual(t.grad, torch.full_like(t, 2.0))
 
 
+
+# ---------------------------------------------------------------------------------------
+# Not in the seed: CPU twins of the NCCL classes' tests, the same bodies with cpu tensors,
+# world size 4, one process per rank, over pyc10d's tcp and shm backends. The classes also
+# rerun TestCollectivesWithNCCL's CPU tests at world size 4 on each backend.
+class _CpuTwin:
+    backend = "tcp"
+
+    @property
+    def world_size(self):
+        return 4
+
+    @property
+    def device(self):
+        return torch.device("cpu")
+
+    def dist_init(self):
+        dist.init_process_group(
+            backend=self.backend,
+            world_size=self.world_size,
+            rank=self.rank,
+            init_method=f"file://{self.file_name}",
+        )
+
+    @with_comms()
+    def test_all_gather_into_tensor_coalesced_cpu(self):
+        tensors = [torch.ones([4]), torch.ones([4]) + 1]
+        mesh = dt.DeviceMesh("cpu", torch.arange(self.world_size))
+        res = ft_c.all_gather_into_tensor_coalesced(tensors, mesh)
+        self.assertEqual(2, len(res))
+        self.assertEqual(torch.ones([4 * dist.get_world_size()]), res[0])
+        self.assertEqual(torch.ones([4 * dist.get_world_size()]) + 1, res[1])
+
+    @with_comms()
+    def test_permute_tensor_with_sub_group_cpu(self):
+        device = "cpu"
+        mesh_dim_names = ["dp", "tp"]
+        mesh_2d = dt.init_device_mesh(
+            device, (2, self.world_size // 2), mesh_dim_names=mesh_dim_names
+        )
+        for mesh_name in mesh_dim_names:
+            mesh = mesh_2d[mesh_name]
+            rank = mesh.get_local_rank()
+            send_tensor = torch.arange(2, dtype=torch.float32, device=device) + 2 * rank
+            recvd_tensor = ft_c.permute_tensor(send_tensor, [1, 0], group=mesh)
+            expected = torch.arange(2, dtype=torch.float32, device=device) + 2 * (
+                (rank - 1 + 2) % 2
+            )
+            self.assertEqual(
+                recvd_tensor,
+                expected,
+                msg=f"Expected {expected} on {self.rank=} (local_rank={rank}), "
+                f"but received {recvd_tensor} instead.",
+            )
+
+    @with_comms()
+    def test_tracing_cpu(self):
+        def allreduce(t, pg):
+            return ft_c.all_reduce(t, "sum", pg)
+
+        compiled_allreduce = torch.compile(allreduce, fullgraph=True)
+        t = torch.randn(8, generator=torch.Generator().manual_seed(0))
+        out = compiled_allreduce(t, self.process_group)
+        self.assertEqual(out, t * self.world_size)
+
+    def test_tracing_with_fakepg_cpu(self):
+        def allreduce(t, pg):
+            return ft_c.all_reduce(t, "sum", pg)
+
+        compiled_allreduce = torch.compile(allreduce, fullgraph=True)
+        dist.init_process_group(
+            backend="fake",
+            rank=0,
+            world_size=8,
+            store=FakeStore(),
+        )
+        t = torch.randn(8)
+        self.assertEqual(allreduce(t, pg=dist.group.WORLD), t)
+        self.assertEqual(compiled_allreduce(t, dist.group.WORLD), t)
+        dist.destroy_process_group()
+
+    @with_comms()
+    def test_all_to_all_single_autograd_cpu(self) -> None:
+        group = self.process_group.group_name
+        t = torch.ones((self.world_size, 2), requires_grad=True, device=self.device)
+        sizes = [1] * self.world_size
+        assert t.requires_grad
+        out = ft_c.all_to_all_single_autograd(t * 2, sizes, sizes, group) + 0
+        self.assertEqual(out.shape, t.shape)
+        self.assertEqual(out, torch.full_like(t, 2.0))
+        self.assertIsNotNone(out.grad_fn)
+        self.assertTrue(out.requires_grad)
+        loss = out.sum()
+        loss.backward()
+        self.assertEqual(t.grad, torch.full_like(t, 2.0))
+
+
+class TestCollectivesCpuTcp(_CpuTwin, TestCollectivesWithNCCL):
+    backend = "tcp"
+
+
+class TestCollectivesCpuShm(_CpuTwin, TestCollectivesWithNCCL):
+    backend = "shm"
+
+
 if __name__ == "__main__":
     run_tests()
