@@ -21,6 +21,12 @@ left orphaned even when the launcher is killed with ``SIGKILL``.
 
 Like ``torchrun``, ``OMP_NUM_THREADS`` is set to 1 in the ranks when more than one rank
 runs on this node and the variable is not already set.
+
+Unless set, ``MALLOC_MMAP_THRESHOLD_`` (32 MiB) and ``MALLOC_TRIM_THRESHOLD_`` (256 MiB) are
+set too: with glibc's defaults a freed tensor of a few MiB goes back to the kernel, and
+the next one of that size page-faults every page afresh (a new 1 MiB tensor: 0.8-1.9 ms
+here instead of 12 us). Functional collectives allocate a fresh output per call, so they
+pay that on every call; with these settings freed blocks are reused.
 """
 
 from __future__ import annotations
@@ -94,6 +100,8 @@ def rank_env(args: argparse.Namespace, local_rank: int) -> dict[str, str]:
     )
     if nproc > 1:
         env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 << 20))
+    env.setdefault("MALLOC_TRIM_THRESHOLD_", str(256 << 20))
     return env
 
 

@@ -24,7 +24,8 @@ from . import _eager, _inplace
 from ._autograd import AllGatherIntoTensor, AllToAllSingle, ReduceScatterTensor
 from ._groups import _expand_group, pg_by_name, resolve_group_name
 from ._ops import NAMESPACE, ops
-from .async_tensor import AsyncCollectiveTensor, wrap
+from .async_tensor import AsyncCollectiveTensor
+from .async_tensor import wrap as _wrap_pending
 
 __all__ = [
     "AsyncCollectiveTensor", "NAMESPACE", "all_gather_into_tensor_coalesced", "all_gather_tensor",
@@ -41,6 +42,13 @@ _are_we_tracing = _preamble.tracing
 _preamble.trace_hook = _inplace.trace
 
 
+def wrap(t: torch.Tensor) -> torch.Tensor:
+    """The eager result: an AsyncCollectiveTensor while its collective runs; the plain tensor
+    when it already finished (small messages run inline), so later uses of it skip the
+    wrapper's dispatch."""
+    return _wrap_pending(t) if _eager.is_pending(t) else t
+
+
 def _eager_ok(t: torch.Tensor) -> bool:
     """Take the direct path: a plain tensor with data, outside any tracing."""
     return type(t) is torch.Tensor and not t.is_meta and not _are_we_tracing()
@@ -49,7 +57,7 @@ def _eager_ok(t: torch.Tensor) -> bool:
 def _maybe_wrap(t: torch.Tensor) -> torch.Tensor:
     if _are_we_tracing():
         return ops.wait_tensor(t)
-    return wrap(t)
+    return _wrap_pending(t) if _eager.is_pending(t) else t
 
 
 def _op_name(op: Any) -> str:
@@ -60,6 +68,8 @@ def wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """Wait for the collective that produces ``tensor`` and return it."""
     if isinstance(tensor, AsyncCollectiveTensor):
         return tensor.wait()
+    if _eager_ok(tensor):  # eager: no op dispatch (and no copy) for a plain tensor
+        return _eager.wait(tensor)
     return ops.wait_tensor(tensor)
 
 

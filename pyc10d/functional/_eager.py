@@ -63,6 +63,11 @@ def wait(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def is_pending(t: torch.Tensor) -> bool:
+    """Whether a collective is still writing ``t`` (False for meta tensors and finished work)."""
+    return bool(_pending) and t.device.type != "meta" and t.numel() > 0 and _key(t) in _pending
+
+
 def pending_count() -> int:
     """Collectives started and not yet waited for (a test and debugging aid)."""
     return len(_pending)

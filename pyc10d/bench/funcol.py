@@ -1,0 +1,197 @@
+"""Functional collectives vs the in-place API, and the overlap AsyncCollectiveTensor gives.
+
+``python -m pyc10d.bench.funcol`` launches, for each backend, one job of ``--world-size``
+ranks (``pyc10d.run``); every rank times, in the same processes and back to back:
+
+* ``pyc10d.all_reduce(t)`` (in place, SUM) and ``pyc10d.functional.all_reduce`` followed by
+  ``wait_tensor``, at each size: a loop of K operations divided by K, the maximum over the
+  ranks, the median of ``--reps`` loops. Every timed result is checked after its loop (each
+  op of a loop writes a tensor of its own).
+* overlap: a matmul alone (sized to take about as long as the collective), the functional
+  all_reduce alone, and the all_reduce started, the matmul run, then the result used. The
+  hidden share is ``(t_comm + t_matmul - t_both) / min(t_comm, t_matmul)``.
+
+Prints a table and writes ``<out>/funcol-<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pyc10d.bench import metrics
+
+
+def _loop_time(dist: Any, body: Any, k: int, reps: int) -> float:
+    """Median over ``reps`` of (K back-to-back calls of ``body(i)``) / K, max over ranks (s)."""
+    import torch
+
+    out = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for i in range(k):
+            body(i)
+        t = torch.tensor([(time.perf_counter() - t0) / k], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        out.append(float(t))
+    return statistics.median(out)
+
+
+def _worker(args: argparse.Namespace) -> None:
+    import torch
+
+    import pyc10d as dist
+    import pyc10d.functional as ft_c
+
+    torch.set_num_threads(1)
+    dist.init_process_group(backend=args.backend, init_method="env://")
+    rank, n, group = dist.get_rank(), dist.get_world_size(), dist.group.WORLD
+    total = n * (n + 1) / 2
+    records: list[dict[str, Any]] = []
+    for nbytes in args.sizes:
+        count = max(1, nbytes // 4)
+        k = args.iters if nbytes <= 64 * 1024 else max(10, args.iters // 10)
+        x = torch.full((count,), float(rank + 1))
+        bufs = [x.clone() for _ in range(k)]
+        outs: list[Any] = [None] * k
+
+        def inplace(i: int, bufs: list[Any] = bufs) -> None:
+            dist.all_reduce(bufs[i])
+
+        def functional(i: int, outs: list[Any] = outs, x: Any = x) -> None:
+            outs[i] = ft_c.wait_tensor(ft_c.all_reduce(x, "sum", group))
+
+        for name, body in (("in-place", inplace), ("functional", functional)):
+            body(0)  # warm-up
+            times = []
+            for _ in range(args.reps):
+                for b in bufs:
+                    b.copy_(x)
+                times.append(_loop_time(dist, body, k, 1))
+            results = bufs if name == "in-place" else outs
+            ok = all(bool((r == total).all()) for r in results)
+            records.append({"kind": "funcol", "backend": args.backend, "world_size": n, "api": name,
+                            "bytes": count * 4, "time_us": statistics.median(times) * 1e6, "correct": ok,
+                            "iters": k, "reps": args.reps})
+    records += _overlap(dist, ft_c, args, rank, n, group)
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(records))
+    dist.destroy_process_group()
+
+
+def _overlap(dist: Any, ft_c: Any, args: argparse.Namespace, rank: int, n: int, group: Any) -> list[dict[str, Any]]:
+    import torch
+
+    count = args.overlap_bytes // 4
+    x = torch.full((count,), float(rank + 1))
+    total = n * (n + 1) / 2
+
+    def comm() -> Any:
+        return ft_c.all_reduce(x, "sum", group)
+
+    def t_of(fn: Any) -> float:
+        fn()
+        return _loop_time(dist, lambda i: fn(), 5, args.reps)
+
+    t_comm = t_of(lambda: ft_c.wait_tensor(comm()))
+    # a square matmul that takes about as long as the collective (same size on every rank)
+    m = 64
+    a = torch.randn(m, m)
+    t_mm = t_of(lambda: a @ a)
+    while t_mm < t_comm and m < 4096:
+        m = int(m * 1.25) + 1
+        a = torch.randn(m, m)
+        t_mm = t_of(lambda a=a: a @ a)
+    dims = torch.tensor([m])
+    dist.all_reduce(dims, op=dist.ReduceOp.MAX)
+    a = torch.randn(int(dims), int(dims))
+    t_mm = t_of(lambda: a @ a)
+    results: list[Any] = []
+
+    def both() -> None:
+        y = comm()
+        _ = a @ a
+        results.append(float(y[0]))
+
+    t_both = t_of(both)
+    ok = all(v == total for v in results)
+    hidden = (t_comm + t_mm - t_both) / min(t_comm, t_mm)
+    return [{"kind": "overlap", "backend": args.backend, "world_size": n, "bytes": count * 4,
+             "matmul_n": int(dims), "comm_us": t_comm * 1e6, "matmul_us": t_mm * 1e6,
+             "both_us": t_both * 1e6, "hidden": hidden, "correct": ok}]
+
+
+def _print(records: list[dict[str, Any]]) -> None:
+    rows = [r for r in records if r["kind"] == "funcol"]
+    print("\nfunctional all_reduce + wait_tensor vs in-place all_reduce (back to back, max over ranks)")
+    print(f"{'backend':>10} {'n':>2} {'size':>8} {'in-place us':>12} {'functional us':>14} {'ratio':>6} ok")
+    keys = sorted({(r["backend"], r["world_size"], r["bytes"]) for r in rows})
+    for b, n, nb in keys:
+        inpl = next(r for r in rows if (r["backend"], r["world_size"], r["bytes"], r["api"]) == (b, n, nb, "in-place"))
+        func = next(r for r in rows if (r["backend"], r["world_size"], r["bytes"], r["api"]) == (b, n, nb, "functional"))
+        ok = "yes" if inpl["correct"] and func["correct"] else "NO"
+        print(f"{b:>10} {n:>2} {metrics.format_size(nb):>8} {inpl['time_us']:>12.1f} {func['time_us']:>14.1f} "
+              f"{func['time_us'] / inpl['time_us']:>5.2f}x {ok}")
+    print("\noverlap: functional all_reduce started, a matmul, then the result used")
+    print(f"{'backend':>10} {'n':>2} {'size':>8} {'comm us':>9} {'matmul us':>10} {'both us':>9} {'hidden':>7} ok")
+    for r in (r for r in records if r["kind"] == "overlap"):
+        print(f"{r['backend']:>10} {r['world_size']:>2} {metrics.format_size(r['bytes']):>8} {r['comm_us']:>9.0f} "
+              f"{r['matmul_us']:>10.0f} {r['both_us']:>9.0f} {100 * r['hidden']:>6.0f}% "
+              f"{'yes' if r['correct'] else 'NO'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pyc10d.bench.funcol", description=__doc__.split("\n")[0])
+    p.add_argument("--backends", default="shm,tcp")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--sizes", type=lambda s: [metrics.parse_size(x) for x in s.split(",")], default=[8, metrics.MIB])
+    p.add_argument("--overlap-bytes", type=metrics.parse_size, default=4 * metrics.MIB)
+    p.add_argument("--iters", type=int, default=200, help="ops per timed loop up to 64 KiB (a tenth above)")
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--backend", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        _worker(args)
+        return 0
+    records: list[dict[str, Any]] = []
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="pyc10d-funcol-") as tmp:
+        for backend in args.backends.split(","):
+            out = Path(tmp) / f"{backend}.json"
+            from pyc10d.bench.__main__ import free_port
+
+            cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", str(args.world_size),
+                   "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "pyc10d.bench.funcol",
+                   "--worker", "--backend", backend, "--out", str(out), "--sizes",
+                   ",".join(map(str, args.sizes)), "--overlap-bytes", str(args.overlap_bytes),
+                   "--iters", str(args.iters), "--reps", str(args.reps)]
+            print(f"== {backend}, world size {args.world_size} ==", flush=True)
+            code = subprocess.call(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=900)
+            if code or not out.exists():
+                failed = True
+                print(f"   {backend} FAILED (exit code {code})")
+                continue
+            records += json.loads(out.read_text())
+    _print(records)
+    failed = failed or not all(r["correct"] for r in records)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"funcol-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(records, indent=1))
+    print(f"\nwrote {path}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
