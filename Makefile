@@ -2,7 +2,8 @@
 #   make venv   create .venv (once; again when pyproject.toml changes)
 #   make demo   4-rank tour of the collectives
 #   make test   the test suite
-#   make bench  benchmarks vs torch.distributed's gloo (BENCH_ARGS="..." passes options)
+#   make bench  benchmarks vs torch.distributed's gloo (BENCH_ARGS="..." passes options),
+#               then functional vs in-place collectives (python -m pyc10d.bench.funcol)
 #   make lint   ruff
 
 PYTHON ?= python3
@@ -32,6 +33,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pyc10d.bench $(BENCH_ARGS)
+	$(PY) -m pyc10d.bench.funcol
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
