@@ -15,7 +15,7 @@ from .shm_comm import ShmComm, nbytes_of, reduce_many
 
 
 def allreduce_shm_flat(comm: ShmComm, t: torch.Tensor, op: ReduceOp, root: int | None = None) -> None:
-    c = comm.start("allreduce" if root is None else "reduce", t.dtype, nbytes_of(t), root or 0)
+    c = comm.start("allreduce" if root is None else "reduce", t.dtype, nbytes_of(t), root or 0, red=op)
     rows = comm.rows(c, t.dtype, t.numel())
     rows[comm.rank].copy_(t)
     comm.post(c)

@@ -35,7 +35,7 @@ def allreduce_shm_rsag(comm: ShmComm, t: torch.Tensor, op: ReduceOp, root: int |
         per = -(-per // align) * align
         return lo, length, min(r * per, length), min((r + 1) * per, length)
 
-    c = comm.start("allreduce" if root is None else "reduce", t.dtype, nbytes_of(t), root or 0)
+    c = comm.start("allreduce" if root is None else "reduce", t.dtype, nbytes_of(t), root or 0, red=op)
     for s in range(m + 1):
         if s:
             c = comm.next_phase()

@@ -33,6 +33,47 @@ def dtype_name(code: int) -> str:
     return str(DTYPES[code - 1]).replace("torch.", "") if 0 < code <= len(DTYPES) else "bytes"
 
 
+# -- fingerprints: what a message says about the collective that sent it --------------------
+# Every message of a collective carries, above its dtype code, the collective, reduce op and
+# root of its sender; a receiver running something else raises, naming both, instead of
+# using the bytes (a desync would otherwise return wrong results as success).
+_COLLECTIVES = [
+    "allreduce", "allreduce_coalesced", "broadcast", "reduce", "allgather", "allgather_coalesced",
+    "gather", "scatter", "reduce_scatter", "alltoall", "barrier", "monitored_barrier",
+]
+_ALIASES = {
+    "allgather_into_tensor": "allgather", "_allgather_base": "allgather",
+    "allgather_into_tensor_coalesced": "allgather_coalesced", "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter", "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "alltoall_base": "alltoall",
+}
+_COLL_CODE = {name: i + 1 for i, name in enumerate(_COLLECTIVES)}
+_RED_NAMES = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"]
+
+
+def fingerprint(opname: str, red: object = None, root: int | None = None) -> int:
+    """24 bits: collective (5), reduce op (4, 0 = none), root + 1 (15, 0 = none)."""
+    code = _COLL_CODE.get(_ALIASES.get(opname, opname), 0)
+    if not code:
+        return 0
+    red_code = 0
+    if red is not None:
+        name = getattr(getattr(red, "op", red), "name", str(red)).upper()
+        red_code = _RED_NAMES.index(name) + 1 if name in _RED_NAMES else 15
+    root_code = 0 if root is None else (root + 1) & 0x7FFF
+    return code | (red_code << 5) | (root_code << 9)
+
+
+def describe_fingerprint(fp: int) -> str:
+    code, red, root = fp & 0x1F, (fp >> 5) & 0xF, fp >> 9
+    text = _COLLECTIVES[code - 1] if 0 < code <= len(_COLLECTIVES) else f"collective {code}"
+    if red:
+        text += f" {_RED_NAMES[red - 1] if red <= len(_RED_NAMES) else 'custom op'}"
+    if root:
+        text += f" (root {root - 1})"
+    return text
+
+
 def byte_view(t: torch.Tensor) -> memoryview:
     """Writable bytes of a contiguous CPU tensor's memory (the caller keeps ``t`` alive)."""
     n = t.numel() * t.element_size()
@@ -61,11 +102,19 @@ class PendingRecv:
             raise type(e)(f"{c.op}: rank {c.rank}: {e}") from None
         if self.peer == ANY_SOURCE:  # the transport matched a sender: name it by group rank
             self.peer = c.ranks.index(self.handle.peer)
+        theirs = meta >> 8
+        if theirs and c.fingerprint and theirs != c.fingerprint:
+            raise DistBackendError(
+                f"{c.op}: desync: rank {self.peer} is running {describe_fingerprint(theirs)}, rank "
+                f"{c.rank} is running {describe_fingerprint(c.fingerprint)} (the ranks called different "
+                f"collectives, or one with a different reduce op or root)"
+            )
         expected = len(self.handle.buf)
         want = dtype_code(self.tensor.dtype)
-        if nbytes != expected or (meta and want and meta != want):
+        got = meta & 0xFF
+        if nbytes != expected or (got and want and got != want):
             raise DistBackendError(
-                f"{c.op}: rank {self.peer} sent {nbytes} bytes of {dtype_name(meta)}, rank {c.rank} "
+                f"{c.op}: rank {self.peer} sent {nbytes} bytes of {dtype_name(got)}, rank {c.rank} "
                 f"expected {expected} bytes of {dtype_name(want)} (shape or dtype differs between ranks)"
             )
         return self.tensor
@@ -86,6 +135,7 @@ class Comm:
         self.op = op
         self.deadline = time.monotonic() + timeout
         self.scratch_pool: dict | None = None
+        self.fingerprint = 0  # see fingerprint(); 0 for point-to-point (nothing to compare)
 
     def scratch(self, slot: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A reusable buffer (fresh pages cost a page fault each; large ones are kept per group)."""
@@ -103,7 +153,8 @@ class Comm:
         return self.deadline - time.monotonic()
 
     def send(self, peer: int, t: torch.Tensor) -> None:
-        self.transport.send(self.ranks[peer], self.channel, byte_view(t), dtype_code(t.dtype))
+        self.transport.send(self.ranks[peer], self.channel, byte_view(t),
+                            dtype_code(t.dtype) | (self.fingerprint << 8))
 
     def irecv(self, peer: int, t: torch.Tensor) -> PendingRecv:
         handle = self.transport.irecv(self.ranks[peer], self.channel, byte_view(t))

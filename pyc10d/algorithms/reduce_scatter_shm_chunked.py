@@ -37,7 +37,7 @@ def reduce_scatter_shm_chunked(comm: ShmComm, blocks: torch.Tensor, out: torch.T
               for p in range(n)]
         reduce_many(out[lo:lo + length], xs, op)
 
-    c = comm.start("reduce_scatter", out.dtype, nbytes_of(blocks))
+    c = comm.start("reduce_scatter", out.dtype, nbytes_of(blocks), red=op)
     for s in range(m):
         if s:
             c = comm.next_phase()

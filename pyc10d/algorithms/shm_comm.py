@@ -46,15 +46,16 @@ class ShmComm:
         return max(1, ALIGN_BYTES // dtype.itemsize)
 
     def start(self, collective: str, dtype: torch.dtype | None, nbytes: int, root: int = 0,
-              exact: bool = True) -> int:
+              exact: bool = True, red: ReduceOp | None = None) -> int:
         """Open the operation: the first phase number, with this rank's descriptor published.
 
-        ``nbytes`` must agree between ranks when ``exact`` (else only the collective, dtype
-        and root are compared).
+        ``nbytes`` must agree between ranks when ``exact`` (else only the collective, dtype,
+        reduce op and root are compared).
         """
         c = self.arena.next_phase(self.deadline, self.op)
         code = 0 if dtype is None else dtype_code(dtype)
-        self.arena.set_descriptor(c, _DESC.pack(OPCODES[collective] | (code << 8), root, nbytes))
+        red_code = 0 if red is None else red.op.value + 1
+        self.arena.set_descriptor(c, _DESC.pack(OPCODES[collective] | (code << 8) | (red_code << 16), root, nbytes))
         self._check, self._exact = c, exact
         return c
 
@@ -94,20 +95,23 @@ class ShmComm:
             if theirs != mine if self._exact else theirs[:8] != mine[:8]:
                 raise DistBackendError(
                     f"{self.op}: rank {a.members[p]} called {_describe(theirs)}, rank "
-                    f"{a.members[a.rank]} called {_describe(mine)} (collective, root, shape or "
-                    f"dtype differs between ranks)"
+                    f"{a.members[a.rank]} called {_describe(mine)} (collective, reduce op, root, "
+                    f"shape or dtype differs between ranks)"
                 )
 
 
-_DESC = struct.Struct("<IIQ")  # opcode | dtype << 8, root, nbytes
+_DESC = struct.Struct("<IIQ")  # opcode | dtype << 8 | (reduce op + 1) << 16, root, nbytes
 
 
 def _describe(d: bytes) -> str:
     code, root, nbytes = _DESC.unpack(d)
     op = code & 0xFF
     name = _NAMES.get(op, f"op {op}")
-    rooted = f" (root {root})" if name in ("broadcast", "reduce") else ""
-    return f"{name}{rooted} with {nbytes} bytes of {dtype_name(code >> 8)}"
+    red = (code >> 16) & 0xFF
+    if red:
+        name += f" {RedOpType(red - 1).name}"
+    rooted = f" (root {root})" if _NAMES.get(op) in ("broadcast", "reduce") else ""
+    return f"{name}{rooted} with {nbytes} bytes of {dtype_name((code >> 8) & 0xFF)}"
 
 
 def reduce_many(out: torch.Tensor, xs: list[torch.Tensor], op: ReduceOp) -> None:

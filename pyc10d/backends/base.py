@@ -14,6 +14,7 @@ operations on the group raise the same error instead of hanging.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import zlib
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..algorithms.comm import Comm
+from ..algorithms.comm import Comm, describe_fingerprint, fingerprint
 from ..errors import DistBackendError
 from ..transport.base import Transport
 from ..types import UNSET_TIMEOUT
@@ -60,6 +61,8 @@ class Engine:
     """Issue/run machinery; ``ops.CollectiveOps`` adds the collectives on top."""
 
     backend_name = "tcp"
+    #: Fingerprint every collective's messages (``PYC10D_DESYNC_CHECK=0`` turns it off).
+    desync_check = os.environ.get("PYC10D_DESYNC_CHECK", "1") != "0"
 
     def __init__(
         self,
@@ -87,6 +90,12 @@ class Engine:
         self._broken: BaseException | None = None
         self._closed = False
         self._scratch: dict = {}
+        # Desync detection: the fingerprint (and name) of each recent operation by sequence
+        # number, checked against every message that arrives before its receive is posted.
+        self._fps: dict[int, tuple[int, str]] = {}
+        self._desync: BaseException | None = None
+        if self.desync_check:
+            transport.watch_unexpected(self.group_key, self._on_unexpected)
 
     # -- identity --------------------------------------------------------------------------
     def rank(self) -> int:
@@ -122,16 +131,26 @@ class Engine:
         return self.timeout_s
 
     def _submit(
-        self, opname: str, fn: Callable[[Comm], Any], outputs: Any, opts: Any = None, sync: bool = False
+        self, opname: str, fn: Callable[[Comm], Any], outputs: Any, opts: Any = None, sync: bool = False,
+        *, red: Any = None, root: int | None = None,
     ) -> Work:
-        """Give ``fn`` a channel and run it in issue order; return its Work."""
+        """Give ``fn`` a channel and run it in issue order; return its Work.
+
+        ``red`` and ``root`` go into the fingerprint every message of the operation carries
+        (with ``opname``), so that ranks running different collectives fail instead of mixing.
+        """
         timeout = self._op_timeout(opts)
+        fp = fingerprint(opname, red, root) if self.desync_check else 0
         with self._lock:
             if self._closed:
                 raise DistBackendError(f"{opname}: process group {self.group_name!r} was destroyed")
             self._seq += 1
             work = Work(opname, outputs, self._seq)
-            job = (work, fn, (self.group_key << 32) | (self._seq & 0x7FFFFFFF), timeout)
+            channel = (self.group_key << 32) | (self._seq & 0x7FFFFFFF)
+            job = (work, fn, channel, timeout, fp)
+            if fp:
+                self._fps[self._seq & 0x7FFFFFFF] = (fp, opname)
+                self._fps.pop((self._seq - 4096) & 0x7FFFFFFF, None)
             inline = sync and self._pending == 0
             self._pending += 1
             if not inline:
@@ -141,9 +160,30 @@ class Engine:
                         target=self._progress, daemon=True, name=f"pyc10d-progress-{self.group_name}"
                     )
                     self._worker.start()
+        if fp:  # messages of this operation that came before it was issued here
+            for peer, meta in self.transport.unexpected_on(channel):
+                self._on_unexpected(peer, channel, meta)
         if inline:
             self._execute(job)
         return work
+
+    def _on_unexpected(self, peer: int, channel: int, meta: int) -> None:
+        """A message nobody received yet: if it belongs to an operation issued here with
+        another fingerprint, the ranks have desynchronised; fail the group with both sides."""
+        theirs, seq = meta >> 8, channel & 0x7FFFFFFF
+        if not theirs or channel & _P2P_BIT:
+            return
+        mine = self._fps.get(seq)
+        if mine is None or mine[0] == theirs or self._desync is not None:
+            return
+        who = self.ranks.index(peer) if peer in self.ranks else peer
+        error = DistBackendError(
+            f"{mine[1]} #{seq} in group {self.group_name!r}: desync: rank {who} is running "
+            f"{describe_fingerprint(theirs)}, rank {self._rank} is running {describe_fingerprint(mine[0])} "
+            f"(the ranks called different collectives, or one with a different reduce op or root)"
+        )
+        self._desync = error
+        self.transport.cancel(self.group_key, error)  # the operation waiting here fails with it
 
     def _progress(self) -> None:
         while True:
@@ -153,7 +193,7 @@ class Engine:
             self._execute(job)
 
     def _execute(self, job: tuple) -> None:
-        work, fn, channel, timeout = job
+        work, fn, channel, timeout, fp = job
         error: BaseException | None = None
         with self._exec:
             try:
@@ -162,8 +202,11 @@ class Engine:
                         f"{work.opname}: group {self.group_name!r} is unusable after an earlier "
                         f"failure: {self._broken}"
                     )
+                if self._desync is not None:  # found after an earlier operation had returned
+                    raise self._desync
                 comm = Comm(self.transport, self.ranks, self._rank, channel, timeout, work.opname)
                 comm.scratch_pool = self._scratch
+                comm.fingerprint = fp
                 fn(comm)
             except BaseException as e:  # noqa: BLE001 - handed to the waiter
                 error = e
@@ -198,6 +241,7 @@ class Engine:
                 return
             self._closed = True
             worker = self._worker
+        self.transport.watch_unexpected(self.group_key, None)
         if worker is not None:
             self._queue.put(None)
             if self._pending:

@@ -51,7 +51,8 @@ class FakeBackend(Backend):
         return cls(FakeTransport(rank, size), list(range(size)), rank, group_name, options)
 
     def _submit(
-        self, opname: str, fn: Callable[[Comm], Any], outputs: Any, opts: Any = None, sync: bool = False
+        self, opname: str, fn: Callable[[Comm], Any], outputs: Any, opts: Any = None, sync: bool = False,
+        *, red: Any = None, root: int | None = None,
     ) -> Work:
         with self._lock:
             self._seq += 1

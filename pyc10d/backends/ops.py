@@ -47,14 +47,14 @@ class CollectiveOps(Engine):
             ck.check_same("allreduce", tensors)
             if red.op != RedOpType.SUM:
                 ck.fail("allreduce", f"unsupported reduction operation {red.name} for sparse tensors")
-            return self._submit("allreduce", lambda c: sparse_allreduce(c, tensors), tensors, opts, _sync)
+            return self._submit("allreduce", lambda c: sparse_allreduce(c, tensors), tensors, opts, _sync, red=red)
         ck.check_same("allreduce", tensors)
         check_op(red, tensors[0].dtype, "allreduce")
 
         def run(comm: algo.Comm) -> None:
             self._allreduce_dense(comm, tensors, red)
 
-        return self._submit("allreduce", run, tensors, opts, _sync)
+        return self._submit("allreduce", run, tensors, opts, _sync, red=red)
 
     def _allreduce_dense(self, comm: algo.Comm, tensors: list[torch.Tensor], red: ReduceOp) -> None:
         hs = [host(t) for t in tensors]
@@ -96,7 +96,7 @@ class CollectiveOps(Engine):
                 t.detach().copy_(packed[offset:offset + n].view(t.shape))
                 offset += n
 
-        return self._submit("allreduce_coalesced", run, tensors, opts, _sync)
+        return self._submit("allreduce_coalesced", run, tensors, opts, _sync, red=red)
 
     # -- broadcast / reduce ---------------------------------------------------------------
     def broadcast(self, tensors: Any, opts: BroadcastOptions | None = None, root: int | None = None, _sync: bool = False) -> Work:
@@ -118,7 +118,7 @@ class CollectiveOps(Engine):
                 else:
                     t.detach().copy_(h)
 
-        return self._submit("broadcast", run, tensors, opts, _sync)
+        return self._submit("broadcast", run, tensors, opts, _sync, root=root_rank)
 
     def reduce(self, tensors: Any, opts: ReduceOptions | None = None, root: int | None = None, op: Any = None, _sync: bool = False) -> Work:
         tensors = ck.as_list(tensors)
@@ -141,7 +141,7 @@ class CollectiveOps(Engine):
                 finish(h, red, comm.size)
                 writeback(t, h)
 
-        return self._submit("reduce", run, tensors, opts, _sync)
+        return self._submit("reduce", run, tensors, opts, _sync, red=red, root=root_rank)
 
     # -- the algorithm hooks a transport-specific backend may replace --------------------
     def _broadcast_flat(self, comm: algo.Comm, t: torch.Tensor, root: int) -> None:

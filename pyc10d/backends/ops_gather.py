@@ -159,7 +159,7 @@ class GatherOps(Engine):
                 for o, h in zip(outs, houts):
                     writeback(o, h)
 
-        return self._submit("gather", run, value, opts, _sync)
+        return self._submit("gather", run, value, opts, _sync, root=root_rank)
 
     def scatter(self, output_tensors: Any, input_tensors: Any, opts: ScatterOptions | None = None, root: int | None = None, _sync: bool = False) -> Work:
         opts = opts if opts is not None else ScatterOptions()
@@ -186,7 +186,7 @@ class GatherOps(Engine):
             algo.scatter_direct(comm, [host(i) for i in ins] if ins is not None else None, h, root_rank)
             writeback(out, h)
 
-        return self._submit("scatter", run, list(output_tensors), opts, _sync)
+        return self._submit("scatter", run, list(output_tensors), opts, _sync, root=root_rank)
 
     # -- reduce_scatter ---------------------------------------------------------------------
     def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: ReduceScatterOptions | None = None, op: Any = None, _sync: bool = False) -> Work:
@@ -211,7 +211,7 @@ class GatherOps(Engine):
             finish(h, red, comm.size)
             writeback(out, h)
 
-        return self._submit("reduce_scatter", run, [out], opts, _sync)
+        return self._submit("reduce_scatter", run, [out], opts, _sync, red=red)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None, op: Any = None, _sync: bool = False) -> Work:
         opts = opts if opts is not None else ReduceScatterOptions()
@@ -225,7 +225,7 @@ class GatherOps(Engine):
         def run(comm: algo.Comm) -> None:
             self._rs_one(comm, output, input, red)
 
-        return self._submit("reduce_scatter_tensor", run, [output], opts, _sync)
+        return self._submit("reduce_scatter_tensor", run, [output], opts, _sync, red=red)
 
     reduce_scatter_tensor = _reduce_scatter_base
 
@@ -248,7 +248,7 @@ class GatherOps(Engine):
             for o, i in zip(outputs, inputs):
                 self._rs_one(comm, o, i, red)
 
-        return self._submit("reduce_scatter_tensor_coalesced", run, list(outputs), opts, _sync)
+        return self._submit("reduce_scatter_tensor_coalesced", run, list(outputs), opts, _sync, red=red)
 
     # -- all_to_all -------------------------------------------------------------------------
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None, input_split_sizes: list[int] | None, opts: AllToAllOptions | None = None, _sync: bool = False) -> Work:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from ..errors import DistBackendError, DistNetworkError, DistTimeoutError
 from .pool import PayloadPool, copy_bytes
@@ -105,6 +106,20 @@ class Transport(ABC):
         if mailbox is not None:
             mailbox.abort(namespace, error)
 
+    def watch_unexpected(self, namespace: int, callback: Callable[[int, int, int], None] | None) -> None:
+        """Call ``callback(peer, channel, meta)`` for each message of ``namespace`` that
+        arrives before any receive asked for it (None stops); lets a backend look at messages
+        it may never receive (a peer running another operation)."""
+        mailbox = getattr(self, "mailbox", None)
+        if mailbox is not None:
+            mailbox.watch(namespace, callback)
+
+    def unexpected_on(self, channel: int) -> list[tuple[int, int]]:
+        """``(peer, meta)`` of the first waiting, not yet received message of each peer on
+        ``channel``."""
+        mailbox = getattr(self, "mailbox", None)
+        return mailbox.unexpected_on(channel) if mailbox is not None else []
+
 
 class Mailbox:
     """Matching of arrived messages with posted receives, shared by transports.
@@ -131,6 +146,17 @@ class Mailbox:
         self.aborted: dict[int, BaseException] = {}
         # Buffers for messages that come before their receive (see ``pool``).
         self.pool = PayloadPool()
+        self.watchers: dict[int, Callable[[int, int, int], None]] = {}
+
+    def watch(self, namespace: int, callback: Callable[[int, int, int], None] | None) -> None:
+        if callback is None:
+            self.watchers.pop(namespace, None)
+        else:
+            self.watchers[namespace] = callback
+
+    def unexpected_on(self, channel: int) -> list[tuple[int, int]]:
+        with self.lock:
+            return [(peer, q[channel][0][1]) for peer, q in enumerate(self.unexpected) if q.get(channel)]
 
     def post(self, handle: RecvHandle) -> None:
         peer, channel = handle.peer, handle.channel
@@ -205,7 +231,11 @@ class Mailbox:
             if handle is None:
                 self._arrivals += 1
                 self.unexpected[peer].setdefault(channel, []).append((data, meta, self._arrivals))
-                return
+        if handle is None:
+            watcher = self.watchers.get(channel_namespace(channel))
+            if watcher is not None:
+                watcher(peer, channel, meta)
+            return
         deliver_copy(handle, data, meta)
         self.pool.release(data)
 
