@@ -1,6 +1,6 @@
 # Developer entry points. Everything runs from the project's own virtualenv in .venv.
 #   make venv   create .venv (once; again when pyproject.toml changes)
-#   make demo   4-rank tour of the collectives
+#   make demo   4-rank tour of the collectives, then a short DDP training run (2 ranks)
 #   make test   the test suite
 #   make bench  benchmarks vs torch.distributed's gloo (BENCH_ARGS="..." passes options),
 #               then functional vs in-place collectives (python -m pyc10d.bench.funcol)
@@ -25,6 +25,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m pyc10d.run --nproc-per-node 4 examples/demo.py
+	$(PY) -m pyc10d.run --nproc-per-node 2 examples/train_ddp.py --steps 30
 
 # -q and the 60 s per-test timeout come from pyproject.toml's addopts; a second -q here
 # would hide pytest's closing "N passed" line.

@@ -5,12 +5,14 @@ importing only the ones before it: ``store`` → ``transport`` → ``algorithms`
 → ``process_group`` → the public API (``groups``, ``collectives``, ``p2p``,
 ``object_collectives``), re-exported here. On top of it, rooms of their own:
 ``functional`` (functional collectives; importing it also installs how in-place
-collectives are traced) and ``device_mesh``.
+collectives are traced), ``device_mesh``, ``nn`` (DistributedDataParallel, its Reducer,
+comm hooks, SyncBatchNorm; ``Reducer`` and ``GradBucket`` are re-exported here as torch
+does) and ``symmetric_memory`` (imported on its own, as torch's).
 """
 
 from __future__ import annotations
 
-from . import device_mesh, distributed_c10d, functional
+from . import device_mesh, distributed_c10d, functional, nn
 from .backends import Work
 from .collectives import (
     _all_gather_base,
@@ -59,6 +61,7 @@ from .groups import (
     new_subgroups,
     new_subgroups_by_enumeration,
 )
+from .nn import _DEFAULT_FIRST_BUCKET_BYTES, GradBucket, Reducer, _compute_bucket_assignment_by_size
 from .object_collectives import (
     all_gather_object,
     broadcast_object_list,
@@ -88,7 +91,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AllToAllOptions", "AllgatherOptions", "AllreduceCoalescedOptions", "AllreduceOptions", "Backend",
-    "BarrierOptions", "BroadcastOptions", "DeviceMesh", "device_mesh", "functional", "init_device_mesh", "DistBackendError", "DistError", "DistNetworkError",
+    "BarrierOptions", "BroadcastOptions", "DeviceMesh", "GradBucket", "Reducer", "nn",
+    "_DEFAULT_FIRST_BUCKET_BYTES", "_compute_bucket_assignment_by_size", "device_mesh", "functional", "init_device_mesh", "DistBackendError", "DistError", "DistNetworkError",
     "DistStoreError", "DistTimeoutError", "FileStore", "GatherOptions", "GroupMember", "HashStore",
     "P2POp", "PrefixStore", "ProcessGroup", "ProcessGroupGloo", "ReduceOp", "ReduceOptions",
     "ReduceScatterOptions", "ScatterOptions", "Store", "TCPStore", "Work", "all_gather",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import os
 import platform
 import shutil
@@ -147,8 +148,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+_OTHER_BENCHES = {"--ddp": "pyc10d.bench.ddp", "--funcol": "pyc10d.bench.funcol",
+                  "--symm-mem": "pyc10d.bench.symm_mem"}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run every job, then report; exit 1 if some job failed or gave a wrong result."""
+    """Run every job, then report; exit 1 if some job failed or gave a wrong result.
+
+    ``--ddp``, ``--funcol`` and ``--symm-mem`` run the DDP step, functional-collective and
+    symmetric-memory benchmarks instead (the rest of the arguments go to them).
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    for flag, module in _OTHER_BENCHES.items():
+        if flag in argv:
+            rest = [a for a in argv if a != flag]
+            return int(importlib.import_module(module).main(rest) or 0)
     args = parse_args(argv)
     if args.from_json:
         records = report.read_json(args.from_json)

@@ -1,0 +1,24 @@
+"""``python -m pyc10d.bench.symm_mem``: one small run end to end (2 ranks, 1 MiB, no Gloo)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_small_run_prints_a_table_and_writes_json(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "pyc10d.bench.symm_mem", "--world-sizes", "2", "--mib", "1",
+           "--reps", "1", "--no-gloo", "--ag-shape", "256,64,8", "--rs-shape", "256,8,64",
+           "--out", str(tmp_path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=50)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "all_reduce of 1 MiB" in res.stdout and "mm_rs" in res.stdout, res.stdout
+    (path,) = tmp_path.glob("symm_mem-*.json")
+    (rec,) = json.loads(path.read_text())["records"]
+    assert rec["world_size"] == 2 and rec["allreduce_symm_ms"] > 0 and 0 <= rec["ag_mm_overlap"] <= 1
