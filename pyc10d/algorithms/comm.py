@@ -51,8 +51,19 @@ _COLL_CODE = {name: i + 1 for i, name in enumerate(_COLLECTIVES)}
 _RED_NAMES = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"]
 
 
+_FP_CACHE: dict[tuple, int] = {}
+
+
 def fingerprint(opname: str, red: object = None, root: int | None = None) -> int:
     """24 bits: collective (5), reduce op (4, 0 = none), root + 1 (15, 0 = none)."""
+    key = (opname, getattr(red, "op", red), root)
+    fp = _FP_CACHE.get(key)
+    if fp is None:
+        fp = _FP_CACHE[key] = _fingerprint(opname, red, root)
+    return fp
+
+
+def _fingerprint(opname: str, red: object, root: int | None) -> int:
     code = _COLL_CODE.get(_ALIASES.get(opname, opname), 0)
     if not code:
         return 0

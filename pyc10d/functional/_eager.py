@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from .. import collectives as C
-from ..types import as_reduce_op
+from ..backends import Engine
+from ..types import AllreduceOptions, as_reduce_op
 from ._groups import pg_by_name
 
 INLINE_BYTES = int(os.environ.get("PYC10D_FUNCOL_INLINE_BYTES", 16 * 1024))
@@ -81,10 +82,31 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+_REDUCE_OPS: dict[str, Any] = {}
+
+
+def _reduce_op(name: str) -> Any:
+    op = _REDUCE_OPS.get(name)
+    if op is None:
+        op = _REDUCE_OPS[name] = as_reduce_op(name)
+    return op
+
+
 def all_reduce(input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
     out = input.detach().clone(memory_format=torch.contiguous_format)
     a = _async(_nbytes(out))
-    _register([out], C.all_reduce(out, as_reduce_op(reduce_op), pg_by_name(group_name), async_op=a))
+    pg, op = pg_by_name(group_name), _reduce_op(reduce_op)
+    engine = getattr(pg, "_engine", None)
+    if isinstance(engine, Engine) and not out.is_complex():
+        # The output is ours, fresh and contiguous: straight to the engine, without the
+        # public API's argument checks (its own checks still run).
+        work = engine.allreduce([out], AllreduceOptions(reduceOp=op), _sync=not a)
+        if not a:
+            work.wait()
+            return out
+    else:
+        work = C.all_reduce(out, op, pg, async_op=a)
+    _register([out], work)
     return out
 
 
