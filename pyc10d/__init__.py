@@ -12,7 +12,7 @@ does) and ``symmetric_memory`` (imported on its own, as torch's).
 
 from __future__ import annotations
 
-from . import device_mesh, distributed_c10d, functional, nn
+from . import constants, device_mesh, distributed_c10d, functional, nn
 from .backends import Work
 from .collectives import (
     _all_gather_base,
@@ -34,6 +34,7 @@ from .collectives import (
     reduce_scatter_tensor,
     scatter,
 )
+from .constants import default_pg_timeout, reduce_op
 from .device_mesh import DeviceMesh, init_device_mesh
 from .errors import DistBackendError, DistError, DistNetworkError, DistStoreError, DistTimeoutError
 from .groups import (
@@ -107,5 +108,5 @@ __all__ = [
     "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send",
     "_all_gather_base", "_broadcast_coalesced", "_get_default_group", "_get_default_store",
     "_make_premul_sum", "_new_group_with_tag", "_rank_not_in_group", "_reduce_scatter_base",
-    "_round_robin_process_groups",
+    "_round_robin_process_groups", "constants", "default_pg_timeout", "reduce_op",
 ]

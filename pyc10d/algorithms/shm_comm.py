@@ -21,7 +21,7 @@ from .comm import dtype_code, dtype_name
 from .reduce_ops import reduce_into
 
 OPCODES = {"allreduce": 1, "reduce": 2, "broadcast": 3, "allgather": 4, "reduce_scatter": 5,
-           "alltoall": 6, "barrier": 7}
+           "alltoall": 6, "barrier": 7, "allreduce_symmetric": 8}
 _NAMES = {v: k for k, v in OPCODES.items()}
 ALIGN_BYTES = 64  # sub-slices that different ranks write start on their own cache line
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -42,6 +43,15 @@ _NAME_BYTES = 128
 #: One rank's slot in bytes; None picks ``slot_bytes``'s default. Tests set it tiny to force
 #: the multi-chunk paths.
 SLOT_BYTES: int | None = None
+
+#: The seam symmetric memory plugs into (``pyc10d.symmetric_memory`` sets it when imported):
+#: ``symmetric_allreduce(t, reduce_op_name, group_name)`` returns a function reducing ``t``
+#: in place straight out of the peers' memory when ``t`` lives in this group's symmetric
+#: memory, else None. Tensors under ``SYMMETRIC_MIN_BYTES`` take the arena either way.
+symmetric_allreduce: Callable[[torch.Tensor, str, str], Callable[[], Any] | None] | None = None
+SYMMETRIC_MIN_BYTES = 64 << 10
+_SYMMETRIC_OPS = {RedOpType.SUM: "sum", RedOpType.AVG: "sum", RedOpType.MAX: "max", RedOpType.MIN: "min",
+                  RedOpType.PRODUCT: "product"}
 
 
 def slot_bytes(size: int) -> int:
@@ -134,7 +144,18 @@ class ShmBackend(Backend):
         premultiply(h, red)
         sc = self._shm(comm)
         nbytes = h.numel() * h.element_size()
-        algo.select_shm("allreduce", comm.size, nbytes, sc.arena.slot_bytes)(sc, flat(h), red)
+        direct = None
+        if symmetric_allreduce is not None and nbytes >= SYMMETRIC_MIN_BYTES and red.op in _SYMMETRIC_OPS:
+            direct = symmetric_allreduce(h, _SYMMETRIC_OPS[red.op], self.group_name)
+        if direct is not None:
+            # Every rank must take this path: a phase whose descriptors say so fails, naming
+            # the ranks, when one of them passed an ordinary tensor instead.
+            c = sc.start("allreduce_symmetric", h.dtype, nbytes, red=red)
+            sc.post(c)
+            sc.wait_all(c)
+            direct()
+        else:
+            algo.select_shm("allreduce", comm.size, nbytes, sc.arena.slot_bytes)(sc, flat(h), red)
         finish(h, red, comm.size)
         writeback(t, h)
 

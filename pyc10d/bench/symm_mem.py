@@ -4,9 +4,9 @@
 one pyc10d job on the shm backend and one torch job on Gloo (``pyc10d.run``, 127.0.0.1).
 Every figure is the median over ``--reps`` loops of the slowest rank's time per call.
 
-* all_reduce of a ``--mib`` MiB float32 tensor: ``symm_mem.two_shot_all_reduce_`` on a
-  tensor from ``empty_strided_p2p``, ``pyc10d.all_reduce`` (shm backend, arena) on an
-  ordinary one, and torch's Gloo ``all_reduce``.
+* all_reduce (AVG) of a ``--mib`` MiB float32 tensor: ``pyc10d.all_reduce`` of a tensor
+  from ``empty_strided_p2p`` (which the shm backend reduces straight out of the peers'
+  memory), of an ordinary one (the arena), and torch's Gloo ``all_reduce``.
 * ``fused_all_gather_matmul`` and ``fused_matmul_reduce_scatter`` against their
   ``_fallback`` (functional collective, then matmul), sized so that the collective alone and
   the matmul alone take similar time. ``overlap`` is the share of the shorter of the two
@@ -71,14 +71,18 @@ def _pyc10d_worker(args: argparse.Namespace) -> dict[str, Any]:
     numel = args.mib * (1 << 20) // 4
     rec: dict[str, Any] = {"world_size": n}
 
+    # AVG keeps the values where they are after the first call ((n + 1) / 2 everywhere), so
+    # every timed call works on finite numbers and every result can be checked; SUM would
+    # double them each call and time arithmetic on infinities.
+    want = (n + 1) / 2
     plain = torch.full((numel,), float(rank + 1))
     sym = symm.empty_strided_p2p((numel,), (1,), torch.float32, "cpu", g)
     sym.fill_(float(rank + 1))
-    symm.two_shot_all_reduce_(sym, "sum", g)
-    if not bool((sym == n * (n + 1) / 2).all()):
-        raise AssertionError("two_shot_all_reduce_ gave a wrong result")
-    ar = _times(dist, {"symm": lambda: symm.two_shot_all_reduce_(sym, "sum", g),
-                       "shm": lambda: dist.all_reduce(plain)}, 1, args.reps)
+    ar = _times(dist, {"symm": lambda: dist.all_reduce(sym, op=dist.ReduceOp.AVG),
+                       "shm": lambda: dist.all_reduce(plain, op=dist.ReduceOp.AVG)}, 1, args.reps)
+    for what, t in (("symmetric", sym), ("shm", plain)):
+        if not bool((t == want).all()):
+            raise AssertionError(f"{what} all_reduce gave a wrong result")
     rec["allreduce_symm_ms"], rec["allreduce_shm_ms"] = 1e3 * ar["symm"], 1e3 * ar["shm"]
 
     torch.manual_seed(rank)
@@ -115,8 +119,11 @@ def _gloo_worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch.distributed as dist
 
     dist.init_process_group(backend="gloo", init_method="env://")
-    plain = torch.full((args.mib * (1 << 20) // 4,), 1.0)
+    # Gloo has no AVG: SUM of zeros stays finite (and checkable) however often it runs
+    plain = torch.zeros(args.mib * (1 << 20) // 4)
     ms = 1e3 * _times(dist, {"gloo": lambda: dist.all_reduce(plain)}, 1, args.reps)["gloo"]
+    if not bool((plain == 0).all()):
+        raise AssertionError("gloo all_reduce gave a wrong result")
     rec = {"world_size": dist.get_world_size(), "allreduce_gloo_ms": ms}
     dist.destroy_process_group()
     return rec

@@ -15,8 +15,9 @@ their fallbacks), ``collectives`` (all-reduce straight out of the peers' memory)
 
 from __future__ import annotations
 
+from . import _seam
 from .alloc import enable, is_enabled
-from .collectives import one_shot_all_reduce, two_shot_all_reduce_
+from .collectives import one_shot_all_reduce, plan_allreduce, two_shot_all_reduce_
 from .fused import (
     _fused_all_gather_matmul_fallback,
     _fused_matmul_reduce_scatter_fallback,
@@ -30,6 +31,9 @@ from .ops import NAMESPACE, ops
 
 #: torch's name for the handle class, whose static methods the seed calls
 _SymmetricMemory = SymmetricMemory
+
+# dist.all_reduce of a symmetric tensor on the shm backend reduces out of the peers' memory
+_seam.serve_backend_allreduce(plan_allreduce)
 
 __all__ = [
     "NAMESPACE",

@@ -9,6 +9,7 @@ without this room noticing, and a reader sees at one glance what is borrowed.
 
 from __future__ import annotations
 
+from ..backends import shm as _shm_backend
 from ..transport import futex
 from ..transport.shm_arena import default_spin
 from ..transport.shm_segment import PeerWatch, Segment, new_name, unlink
@@ -16,8 +17,14 @@ from ..transport.shm_segment import available as _dir_available
 
 __all__ = [
     "PeerWatch", "Segment", "available", "create_segment", "map_segment", "unlink_segment",
-    "futex_wait", "futex_wake", "spin_policy",
+    "futex_wait", "futex_wake", "spin_policy", "serve_backend_allreduce",
 ]
+
+
+def serve_backend_allreduce(plan) -> None:  # noqa: ANN001
+    """Let the shm backend's all_reduce hand symmetric tensors to ``plan`` (see
+    ``backends.shm.symmetric_allreduce``): the one place this room reaches the backend."""
+    _shm_backend.symmetric_allreduce = plan
 
 
 def available() -> bool:

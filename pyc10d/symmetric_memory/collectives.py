@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from .alloc import pin_of
 from .handle import SymmetricMemory, rendezvous
 
 _COMBINE = {
@@ -82,3 +83,12 @@ def one_shot_all_reduce(t: torch.Tensor, reduce_op: str = "sum", group_name: str
     if reduce_op.lower() == "avg":
         out.div_(n)
     return out.view(t.shape)
+
+
+def plan_allreduce(t: torch.Tensor, reduce_op: str, group_name: str):  # noqa: ANN201
+    """For the shm backend: ``two_shot_all_reduce_`` of ``t`` when ``t`` is a contiguous
+    tensor of ``group_name``'s symmetric memory, else None (see ``backends.shm``)."""
+    pin = pin_of(t)
+    if pin is None or pin.mapping.group_name != group_name or not t.is_contiguous():
+        return None
+    return lambda: two_shot_all_reduce_(t, reduce_op, group_name)

@@ -1,0 +1,109 @@
+"""pyc10d behind ``torch.distributed``: ``import pyc10d.torch_backend`` and torch programs run on it.
+
+Importing this module registers three backends with ``torch.distributed.Backend``:
+
+* ``"pyc10d"``: shm when every rank of the group is on this host, else tcp (pyc10d's ``auto``);
+* ``"pyc10d_shm"``: shared memory between the ranks of one host;
+* ``"pyc10d_tcp"``: TCP connections between the ranks (multi-host capable).
+
+An unchanged torch program then runs on pyc10d with one line changed::
+
+    import pyc10d.torch_backend  # noqa: F401
+    torch.distributed.init_process_group("pyc10d_shm", ...)
+
+torch builds the group's ``TorchProcessGroup`` (``group.py``) through ``_create``, and from
+then on torch's own collectives, DDP, DTensor and FSDP2 call into it; pyc10d's engine moves
+the bytes and reports failures in its own words. Only CPU tensors (``devices=["cpu"]``).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as tdist
+
+from ..process_group import make_engine
+from ..store.base import Store, resolve_timeout, wait_timeout_error
+from .group import TorchProcessGroup, TorchWork
+
+#: torch backend name -> pyc10d engine name.
+BACKENDS: dict[str, str] = {"pyc10d": "auto", "pyc10d_shm": "shm", "pyc10d_tcp": "tcp"}
+
+
+class TorchStoreAdapter(Store):
+    """A torch ``Store`` (the group's ``PrefixStore``) seen through pyc10d's store interface.
+
+    pyc10d's transports rendezvous through its own ``Store`` interface; torch's store has the
+    same methods, and this adapter pins the one thing that differs: a ``wait`` that runs out of
+    time raises pyc10d's ``StoreTimeoutError`` (a ``DistTimeoutError`` naming the keys) rather
+    than torch's, so a rendezvous failure reads the same on either API.
+    """
+
+    def __init__(self, store: Any, timeout: timedelta) -> None:
+        super().__init__(timeout)
+        self.torch_store = store
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self.torch_store.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        self.wait([key])
+        return bytes(self.torch_store.get(key))
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self.torch_store.add(key, amount))
+
+    def compare_set(self, key: str, expected_value: str | bytes, desired_value: str | bytes) -> bytes:
+        return bytes(self.torch_store.compare_set(key, expected_value, desired_value))
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        limit = resolve_timeout(self._timeout, timeout)
+        try:
+            self.torch_store.wait(list(keys), limit)
+        except tdist.DistStoreError as e:
+            if "timeout" not in str(e).lower():
+                raise
+            missing = [k for k in keys if not self.torch_store.check([k])]
+            raise wait_timeout_error(missing or list(keys), limit) from e
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self.torch_store.check(list(keys)))
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self.torch_store.delete_key(key))
+
+    def num_keys(self) -> int:
+        return int(self.torch_store.num_keys())
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self.wait(keys)
+        return [bytes(v) for v in self.torch_store.multi_get(list(keys))]
+
+
+def _creator(backend_name: str) -> Any:
+    """torch's extended-API creator for one of our names: it passes the group's name and
+    global ranks too, so pyc10d's error messages can name the group."""
+
+    def create(dist_opts: Any, backend_options: Any = None) -> TorchProcessGroup:
+        timeout = dist_opts.timeout
+        store = TorchStoreAdapter(dist_opts.store, timeout)
+        rank, size = dist_opts.group_rank, dist_opts.group_size
+        name = str(dist_opts.group_id) or backend_name
+        engine = make_engine(BACKENDS[backend_name], store, rank, size, timeout, name)
+        return TorchProcessGroup(engine, rank, size, backend_name)
+
+    create.__name__ = f"create_{backend_name}"
+    return create
+
+
+def register() -> None:
+    """Register pyc10d's names with torch (done on import; calling it again is harmless)."""
+    for name in BACKENDS:
+        if name.upper() not in tdist.Backend._plugins:
+            tdist.Backend.register_backend(name, _creator(name), extended_api=True, devices=["cpu"])
+
+
+register()
+
+__all__ = ["BACKENDS", "TorchProcessGroup", "TorchStoreAdapter", "TorchWork", "register"]

@@ -1,0 +1,220 @@
+"""The torch ``ProcessGroup`` that torch.distributed gets from the plugin, and its ``Work``.
+
+``TorchProcessGroup`` subclasses ``torch.distributed.ProcessGroup``: torch's Python API calls
+its methods directly (``dist.all_reduce`` → ``pg.allreduce``), and torch's C++ code (DDP's
+reducer, ``_broadcast_coalesced``, functional collectives) reaches them through torch's pybind
+trampoline, which looks up Python overrides by name. Every method translates torch's options
+(``options.py``) and hands the call to the pyc10d engine's method of the same name: the engine
+moves the bytes, no torch backend is involved.
+
+torch 2.13 calls some collectives by new names (``all_gather_single``, ``reduce_scatter_single``,
+``all_to_all_single``, ``*_single_coalesced``); older torch and code written for it use the old
+ones (``_allgather_base``, ``_reduce_scatter_base``, ``alltoall_base``,
+``allgather_into_tensor_coalesced``, ``reduce_scatter_tensor_coalesced``). Both are served.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+from torch._C._distributed_c10d import Work as _TorchWorkBase
+
+from ..backends.work import Work
+from . import options as opt
+
+
+class TorchWork(_TorchWorkBase):
+    """A torch ``Work`` that is a pyc10d ``Work`` underneath.
+
+    A Python subclass rather than ``_create_work_from_future``: a Python caller's ``wait``
+    re-raises pyc10d's own exception (its type and wording: ranks, op, sequence number), and
+    ``source_rank`` answers for ``recv`` from any source, which a future cannot carry. C++
+    callers get ``wait`` and ``get_future`` through torch's trampoline.
+    """
+
+    def __init__(self, work: Work) -> None:
+        super().__init__()
+        self._work = work
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return self._work.wait(timeout)
+
+    def is_completed(self) -> bool:
+        return self._work.is_completed()
+
+    def is_success(self) -> bool:
+        return self._work.is_success()
+
+    def exception(self) -> BaseException | None:
+        return self._work.exception()
+
+    def result(self) -> list[torch.Tensor]:
+        return self._work.result()
+
+    def source_rank(self) -> int:
+        self._work.wait()
+        return self._work.source_rank()
+
+    _source_rank = source_rank
+
+    def synchronize(self) -> None:
+        self._work.wait()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._work.get_future()
+
+    def __repr__(self) -> str:
+        return f"<TorchWork {self._work!r}>"
+
+
+def _list(tensors: Any) -> list[torch.Tensor]:
+    return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+
+
+class TorchProcessGroup(tdist.ProcessGroup):
+    """A torch process group whose collectives run on a pyc10d engine (shm or tcp)."""
+
+    def __init__(self, engine: Any, rank: int, size: int, backend_name: str) -> None:
+        super().__init__(rank, size)
+        self._engine = engine
+        self._backend_label = backend_name
+
+    @property
+    def engine(self) -> Any:
+        """The pyc10d engine (``ShmBackend`` / ``TCPBackend``) doing the work."""
+        return self._engine
+
+    # -- identity (torch asks for these through the trampoline) -----------------------------
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return self._backend_label
+
+    def name(self) -> str:
+        return self._backend_label
+
+    def __repr__(self) -> str:
+        return (f"<pyc10d TorchProcessGroup {self._backend_label} ({self._engine.backend_name}) "
+                f"rank={self.rank()} size={self.size()}>")
+
+    # -- all_reduce family ------------------------------------------------------------------
+    def allreduce(self, tensors: Any, opts: Any = None) -> TorchWork:
+        o = opt.allreduce(opts)
+        return TorchWork(self._engine.allreduce(_list(tensors), o, _sync=opt.is_sync(opts)))
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
+        o = opt.allreduce_coalesced(opts)
+        return TorchWork(self._engine.allreduce_coalesced(list(tensors), o, _sync=opt.is_sync(opts)))
+
+    # -- broadcast / reduce -----------------------------------------------------------------
+    def broadcast(self, tensors: Any, opts: Any = None) -> TorchWork:
+        o = opt.broadcast(opts)
+        return TorchWork(self._engine.broadcast(_list(tensors), o, _sync=opt.is_sync(opts)))
+
+    def reduce(self, tensors: Any, opts: Any = None) -> TorchWork:
+        o = opt.reduce(opts)
+        return TorchWork(self._engine.reduce(_list(tensors), o, _sync=opt.is_sync(opts)))
+
+    # -- all_gather family ------------------------------------------------------------------
+    def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> TorchWork:
+        o = opt.allgather(opts)
+        return TorchWork(self._engine.allgather(output_tensors, input_tensors, o, _sync=opt.is_sync(opts)))
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TorchWork:
+        o = opt.allgather(opts)
+        return TorchWork(self._engine._allgather_base(output, input, o, _sync=opt.is_sync(opts)))
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> TorchWork:
+        o = opt.allgather(opts)
+        work = self._engine.allgather_into_tensor_coalesced(list(outputs), list(inputs), o, _sync=opt.is_sync(opts))
+        return TorchWork(work)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def allgather_coalesced(
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> TorchWork:
+        o = opt.allgather(opts)
+        return TorchWork(self._engine.allgather_coalesced(output_lists, list(inputs), o, _sync=opt.is_sync(opts)))
+
+    # -- reduce_scatter family --------------------------------------------------------------
+    def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> TorchWork:
+        o = opt.reduce_scatter(opts)
+        return TorchWork(self._engine.reduce_scatter(output_tensors, input_tensors, o, _sync=opt.is_sync(opts)))
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TorchWork:
+        o = opt.reduce_scatter(opts)
+        return TorchWork(self._engine._reduce_scatter_base(output, input, o, _sync=opt.is_sync(opts)))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> TorchWork:
+        o = opt.reduce_scatter(opts)
+        work = self._engine.reduce_scatter_tensor_coalesced(list(outputs), list(inputs), o, _sync=opt.is_sync(opts))
+        return TorchWork(work)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # -- all_to_all -------------------------------------------------------------------------
+    def all_to_all_single(
+        self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None,
+        input_split_sizes: list[int] | None, opts: Any = None,
+    ) -> TorchWork:
+        o = opt.alltoall(opts)
+        work = self._engine.alltoall_base(
+            output, input, list(output_split_sizes or []), list(input_split_sizes or []), o,
+            _sync=opt.is_sync(opts),
+        )
+        return TorchWork(work)
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None) -> TorchWork:
+        o = opt.alltoall(opts)
+        return TorchWork(self._engine.alltoall(list(output_tensors), list(input_tensors), o, _sync=opt.is_sync(opts)))
+
+    # -- gather / scatter -------------------------------------------------------------------
+    def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> TorchWork:
+        o = opt.gather(opts)
+        return TorchWork(self._engine.gather(output_tensors, input_tensors, o, _sync=opt.is_sync(opts)))
+
+    def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> TorchWork:
+        o = opt.scatter(opts)
+        return TorchWork(self._engine.scatter(output_tensors, input_tensors, o, _sync=opt.is_sync(opts)))
+
+    # -- point to point and barriers --------------------------------------------------------
+    def send(self, tensors: Any, dstRank: int, tag: int = 0) -> TorchWork:  # noqa: N803 - torch's name
+        return TorchWork(self._engine.send(_list(tensors), dstRank, tag))
+
+    def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> TorchWork:  # noqa: N803 - torch's name
+        return TorchWork(self._engine.recv(_list(tensors), srcRank, tag))
+
+    def recv_anysource(self, tensors: Any, tag: int = 0) -> TorchWork:
+        return TorchWork(self._engine.recv_anysource(_list(tensors), tag))
+
+    def barrier(self, opts: Any = None) -> TorchWork:
+        return TorchWork(self._engine.barrier(opt.barrier(opts), _sync=opt.is_sync(opts)))
+
+    def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
+        """Rank 0 checks in every rank and names the ones that did not come (pyc10d's wording)."""
+        self._engine.monitored_barrier(timeout, wait_all_ranks)
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        self._engine.shutdown()
+
+    def abort(self) -> None:
+        self._engine.abort()
+
+    def _set_default_timeout(self, timeout: timedelta) -> None:
+        self._engine._set_default_timeout(timeout)
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._engine._set_default_timeout(timeout)

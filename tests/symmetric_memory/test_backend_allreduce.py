@@ -1,0 +1,61 @@
+"""``dist.all_reduce`` of a symmetric tensor on the shm backend reduces out of the peers'
+memory (``two_shot_all_reduce_``); a rank passing an ordinary tensor instead is an error
+naming both calls, not a hang."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from _multirank import run_ranks  # noqa: E402
+
+import pyc10d as dist  # noqa: E402
+import pyc10d.symmetric_memory as symm  # noqa: E402
+from pyc10d.backends import shm  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _body(rank: int, ws: int) -> str:
+    name = dist.group.WORLD.group_name
+    symm.enable_symm_mem_for_group(name)
+    numel = shm.SYMMETRIC_MIN_BYTES // 4 * 3 + 5  # above the threshold, not a multiple of ws
+    t = symm.empty_strided_p2p((numel,), (1,), torch.float32, "cpu", name)
+    calls = []
+    real = shm.symmetric_allreduce
+
+    def spy(x, op, group):
+        plan = real(x, op, group)
+        calls.append(plan is not None)
+        return plan
+
+    shm.symmetric_allreduce = spy
+    try:
+        for op, want in ((dist.ReduceOp.SUM, ws * (ws + 1) / 2), (dist.ReduceOp.MAX, ws),
+                         (dist.ReduceOp.AVG, (ws + 1) / 2), (dist.ReduceOp.MIN, 1)):
+            t.copy_(torch.arange(numel, dtype=torch.float32) * 0 + rank + 1)
+            dist.all_reduce(t, op=op)
+            assert torch.all(t == want), (op, t[:4])
+        assert calls == [True] * 4, calls
+        ordinary = torch.full((numel,), float(rank))
+        dist.all_reduce(ordinary)
+        assert calls[-1] is False and torch.all(ordinary == ws * (ws - 1) / 2)
+    finally:
+        shm.symmetric_allreduce = real
+    # one rank symmetric, the others not: every rank fails naming the two calls
+    try:
+        dist.all_reduce(t if rank == 0 else torch.ones(numel))
+    except RuntimeError as e:
+        assert "allreduce_symmetric" in str(e), e
+        return "raised"
+    return "no error"
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_all_reduce_of_symmetric_tensor(ws: int) -> None:
+    assert run_ranks("shm", ws, _body, timeout=40) == ["raised"] * ws
