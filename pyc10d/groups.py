@@ -119,6 +119,7 @@ def init_process_group(
     )
     world.default_pg = pg
     world.default_store = store
+    _watch(engine, store)
     world.backend_name = backend_name
     world.timeout = timeout
     world.group_count = 1
@@ -206,8 +207,15 @@ def _new_group_with_tag(
     )
     if group_desc:
         pg.group_desc = group_desc
+    _watch(engine, world.default_store)
     world.register(pg, name, ranks, backend_name, tag)
     return pg
+
+
+def _watch(engine: Any, store: Store) -> None:
+    """Let the watchdog see this group's progress (pyc10d engines; a plugin's may not)."""
+    if isinstance(engine, Engine) and store is not None and engine.backend_name != "fake":
+        engine.attach_progress_store(store)
 
 
 def _lookup_tagged(world: Any, tag: str, ranks: list[int], members_only: bool) -> Any:

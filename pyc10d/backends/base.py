@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from datetime import timedelta
@@ -25,9 +26,10 @@ from typing import Any
 import torch
 
 from ..algorithms.comm import Comm, describe_fingerprint, fingerprint
-from ..errors import DistBackendError
+from ..errors import DistBackendError, DistTimeoutError
 from ..transport.base import Transport
 from ..types import UNSET_TIMEOUT
+from . import watchdog
 from .work import Work
 
 _P2P_BIT = 1 << 31
@@ -94,6 +96,12 @@ class Engine:
         # number, checked against every message that arrives before its receive is posted.
         self._fps: dict[int, tuple[int, str]] = {}
         self._desync: BaseException | None = None
+        # Progress, for the watchdog (backends.watchdog): the operation running now and the
+        # last entered/completed ones; the store where ranks publish theirs.
+        self.progress_store: Any = None
+        self._running_op: tuple[int, str, float] | None = None
+        self._entered: tuple[int, str] = (0, "")
+        self._completed: tuple[int, str] = (0, "")
         if self.desync_check:
             transport.watch_unexpected(self.group_key, self._on_unexpected)
 
@@ -192,10 +200,23 @@ class Engine:
                 return
             self._execute(job)
 
+    def attach_progress_store(self, store: Any) -> None:
+        """Publish this rank's progress in ``store`` and watch for stuck ranks (watchdog)."""
+        self.progress_store = store
+        watchdog.WATCHDOG.register(self)
+
+    def progress(self) -> tuple[int, str, int, str]:
+        return (*self._entered, *self._completed)
+
+    def running(self) -> tuple[int, str, float] | None:
+        return self._running_op
+
     def _execute(self, job: tuple) -> None:
         work, fn, channel, timeout, fp = job
         error: BaseException | None = None
         with self._exec:
+            self._running_op = (work.seq, work.opname, time.monotonic())
+            self._entered = (work.seq, work.opname)
             try:
                 if self._broken is not None:
                     raise type(self._broken)(
@@ -209,12 +230,25 @@ class Engine:
                 comm.fingerprint = fp
                 fn(comm)
             except BaseException as e:  # noqa: BLE001 - handed to the waiter
-                error = e
-                self._fail_group(e)
+                error = self._explain_timeout(e, work)
+                self._fail_group(error)
             finally:
+                self._running_op = None
+                self._completed = (work.seq, work.opname)
                 with self._lock:
                     self._pending -= 1
         work._finish(error)
+
+    def _explain_timeout(self, error: BaseException, work: Work) -> BaseException:
+        """A timeout names the ranks that never entered the operation, when it can tell."""
+        if not isinstance(error, DistTimeoutError) or self.progress_store is None:
+            return error
+        try:
+            watchdog.publish(self)
+            text = watchdog.describe_stuck(self, work.seq, work.opname)
+        except Exception:  # noqa: BLE001 - the store may be gone too; keep the original error
+            return error
+        return DistTimeoutError(f"{error}; {text}") if text else error
 
     def _fail_group(self, error: BaseException) -> None:
         if self._broken is not None:
@@ -242,6 +276,7 @@ class Engine:
             self._closed = True
             worker = self._worker
         self.transport.watch_unexpected(self.group_key, None)
+        watchdog.WATCHDOG.unregister(self)
         if worker is not None:
             self._queue.put(None)
             if self._pending:

@@ -81,6 +81,8 @@ class TorchProcessGroup(tdist.ProcessGroup):
         super().__init__(rank, size)
         self._engine = engine
         self._backend_label = backend_name
+        self._group_name = engine.group_name
+        self._group_desc = "undefined"
 
     @property
     def engine(self) -> Any:
@@ -93,6 +95,20 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     def name(self) -> str:
         return self._backend_label
+
+    # torch stores a group's name and description in its backends; a Python group has none,
+    # so torch's trampoline asks these overrides instead (DeviceMesh and DTensor need the name).
+    def getGroupName(self) -> str:  # noqa: N802 - torch's name
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's name
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:  # noqa: N802 - torch's name
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802 - torch's name
+        self._group_desc = desc
 
     def __repr__(self) -> str:
         return (f"<pyc10d TorchProcessGroup {self._backend_label} ({self._engine.backend_name}) "

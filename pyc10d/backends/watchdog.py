@@ -1,0 +1,130 @@
+"""Stuck ranks: which ranks have not entered the collective everyone else is waiting in.
+
+A collective can only wait on ranks that never join it; without help, every other rank
+waits out the group timeout (torch's default is 30 minutes) and then knows nothing. Here one
+daemon thread per process:
+
+* publishes, for every group of this process, how far this rank got — the sequence number
+  and name of the last collective it entered and of the last it completed — to the store
+  (``pyc10d/progress/<group>/<rank>``), every ``period`` seconds when it changed. It runs
+  beside the rank's own threads, so a rank stuck in its own code (or in a long sleep) still
+  says where it is;
+* watches the collectives in flight: one that has waited longer than ``PYC10D_STUCK_WARN_S``
+  (default 10 s) is reported once, on every waiting rank, as a warning on the ``pyc10d``
+  logger naming the ranks that have not entered it and the last collective each completed.
+  The same words end the error a collective raises when its timeout expires.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+log = logging.getLogger("pyc10d")
+
+KEY = "pyc10d/progress"
+
+
+def warn_after() -> float:
+    return float(os.environ.get("PYC10D_STUCK_WARN_S", "10"))
+
+
+class Watchdog:
+    """The process's watcher of every registered engine (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._engines: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
+
+    def register(self, engine: Any) -> None:
+        with self._lock:
+            self._engines.add(engine)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, daemon=True, name="pyc10d-watchdog")
+                self._thread.start()
+
+    def unregister(self, engine: Any) -> None:
+        with self._lock:
+            self._engines.discard(engine)
+
+    def _run(self) -> None:
+        while True:
+            period = max(0.2, min(2.0, warn_after() / 4))
+            self._wake.wait(period)
+            with self._lock:
+                engines = list(self._engines)
+            # every rank of this process publishes before any of them looks at the others
+            # (ranks as threads share this loop)
+            for step in (publish, check):
+                for engine in engines:
+                    try:
+                        step(engine)
+                    except Exception as e:  # noqa: BLE001 - a store gone at shutdown; keep watching the rest
+                        log.debug("pyc10d watchdog: %s: %s", engine.group_name, e)
+
+
+def _key(engine: Any, rank: int) -> str:
+    return f"{KEY}/{engine.group_name}/{rank}"
+
+
+def publish(engine: Any) -> None:
+    """Put this rank's progress in the group's store, if it changed since the last time."""
+    state = engine.progress()
+    if state == getattr(engine, "_published", None) or engine.progress_store is None:
+        return
+    engine.progress_store.set(_key(engine, engine.rank()), "|".join(map(str, state)))
+    engine._published = state
+
+
+def peers_behind(engine: Any, seq: int) -> list[str]:
+    """For each rank of the group that has not entered operation ``seq``: what it last did."""
+    store = engine.progress_store
+    if store is None:
+        return []
+    keys = [_key(engine, r) for r in range(engine.size()) if r != engine.rank()]
+    present = [k for k in keys if store.check([k])]
+    values = dict(zip(present, store.multi_get(present))) if present else {}
+    behind = []
+    for r in range(engine.size()):
+        if r == engine.rank():
+            continue
+        raw = values.get(_key(engine, r))
+        if raw is None:
+            behind.append(f"rank {r} (no progress reported)")
+            continue
+        entered, entered_op, completed, completed_op = raw.decode().split("|")
+        if int(entered) < seq:
+            last = f"{completed_op} #{completed}" if int(completed) else "no collective yet"
+            behind.append(f"rank {r} (last completed: {last})")
+    return behind
+
+
+def describe_stuck(engine: Any, seq: int, opname: str) -> str:
+    behind = peers_behind(engine, seq)
+    if not behind:
+        return ""
+    return f"ranks not in {opname} #{seq} of group {engine.group_name!r}: " + ", ".join(behind)
+
+
+def check(engine: Any) -> None:
+    """Warn (once per operation) about an operation waiting longer than the threshold."""
+    running = engine.running()
+    if running is None:
+        return
+    seq, opname, started = running
+    waited = time.monotonic() - started
+    if waited < warn_after() or getattr(engine, "_warned_seq", None) == seq:
+        return
+    engine._warned_seq = seq
+    text = describe_stuck(engine, seq, opname)
+    log.warning("pyc10d: rank %d has waited %.0f s in %s #%d of group %r; %s", engine.rank(), waited, opname,
+                seq, engine.group_name, text or "every rank has entered it")
+
+
+WATCHDOG = Watchdog()

@@ -1,0 +1,81 @@
+"""A rank that never enters a collective is named, with what it last did, by every rank
+waiting for it: in a warning after ``PYC10D_STUCK_WARN_S`` and in the timeout error."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+from _multirank import BACKENDS, run_ranks
+from _refs import Check
+
+import pyc10d as dist
+from pyc10d.errors import DistTimeoutError
+
+WARN_S = 1.0
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _sleeper_warned(rank: int, ws: int) -> int:
+    c = Check(rank)
+    sleeper = ws - 1
+    handler = _Collect()
+    logging.getLogger("pyc10d").addHandler(handler)
+    try:
+        dist.barrier()
+        t = torch.ones(4)
+        if rank == sleeper:
+            time.sleep(WARN_S + 3.0)
+        t0 = time.monotonic()
+        dist.all_reduce(t)
+        c.eq(t, torch.full((4,), float(ws)), "all_reduce after the wait")
+        if rank != sleeper:
+            mine = [m for m in handler.messages if f"rank {rank} has waited" in m]
+            c.true(len(mine) == 1, f"one warning on rank {rank}, got {handler.messages}")
+            c.true(bool(mine) and f"rank {sleeper} (last completed: barrier #1)" in mine[0],
+                   f"warning names the sleeping rank and its last collective: {mine}")
+            c.true(time.monotonic() - t0 > WARN_S, "waited past the threshold")
+    finally:
+        logging.getLogger("pyc10d").removeHandler(handler)
+    return c.finish()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stuck_rank_named_in_a_warning(backend: str) -> None:
+    run_ranks(backend, 3, _sleeper_warned, timeout=40,
+              patches={"pyc10d.backends.watchdog.warn_after": lambda: WARN_S})
+
+
+def _sleeper_timeout(rank: int, ws: int) -> str:
+    sleeper = ws - 1
+    dist.broadcast(torch.ones(2), src=0)
+    g = dist.new_group(list(range(ws)), timeout=timedelta(seconds=3))
+    if rank == sleeper:
+        time.sleep(6)
+        return "slept"
+    try:
+        dist.all_reduce(torch.ones(4), group=g)
+    except RuntimeError as e:  # a timeout here, or a peer's abort quoting its timeout
+        msg = str(e)
+        assert isinstance(e, DistTimeoutError) or "timed out" in msg, msg
+        assert f"rank {sleeper} (" in msg and "not in allreduce #1" in msg, msg
+        return "named"
+    return "no timeout"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_timeout_names_the_missing_rank(backend: str) -> None:
+    assert run_ranks(backend, 3, _sleeper_timeout, timeout=40) == ["named", "named", "slept"]
