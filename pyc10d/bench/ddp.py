@@ -1,4 +1,6 @@
-"""DDP step time: pyc10d's DistributedDataParallel on shm and tcp vs torch's DDP over Gloo.
+"""DDP step time: pyc10d's DistributedDataParallel on shm and tcp, and torch's DDP over
+pyc10d's shm engine (the torch.distributed plugin, ``torch-pyc10d_shm``), vs torch's DDP
+over Gloo.
 
 ``python -m pyc10d.bench.ddp [--world-sizes 2,4] [--steps 8] [--rounds 2]`` launches one
 job per implementation and world size (``pyc10d.run`` on 127.0.0.1; ``--rounds`` times,
@@ -30,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-IMPLS = ["pyc10d-shm", "pyc10d-tcp", "torch-gloo"]
+IMPLS = ["pyc10d-shm", "pyc10d-tcp", "torch-pyc10d_shm", "torch-gloo"]
 
 
 # ----------------------------------------------------------------------------- worker
@@ -63,6 +65,9 @@ def worker(args: argparse.Namespace) -> None:
     if args.impl.startswith("torch-"):
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N814
+
+        if args.impl.startswith("torch-pyc10d"):  # torch's DDP over pyc10d's engine (the plugin)
+            import pyc10d.torch_backend  # noqa: F401
     else:
         import pyc10d as dist
         from pyc10d.nn import DistributedDataParallel as DDP  # noqa: N814
