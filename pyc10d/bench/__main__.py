@@ -16,7 +16,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,14 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench import metrics, report
+from pyc10d.bench.launch import free_port
 from pyc10d.bench.worker import in_threads
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def memcpy_bandwidth(nbytes: int = 64 * metrics.MIB, threads: int = 1, reps: int = 10

@@ -22,15 +22,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from pyc10d.bench.launch import run_worker
 
 IMPLS = ["pyc10d-shm", "pyc10d-tcp", "torch-pyc10d_shm", "torch-gloo"]
 
@@ -136,27 +135,11 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # ----------------------------------------------------------------------------- driver
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_job(impl: str, world: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any] | str:
-    out = workdir / f"{impl}-{world}.json"
-    cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", str(world), "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), "-m", "pyc10d.bench.ddp", "--worker", "--impl", impl,
-           "--out", str(out), "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--dim", str(args.dim), "--layers", str(args.layers), "--context", str(args.context),
-           "--batch", str(args.batch), "--bucket-cap-mb", str(args.bucket_cap_mb)]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    try:
-        code = subprocess.run(cmd, env=env, timeout=args.timeout).returncode
-    except subprocess.TimeoutExpired:
-        return f"timed out after {args.timeout:.0f} s"
-    if code != 0 or not out.exists():
-        return f"exit code {code}"
-    return json.loads(out.read_text())
+    worker_args = ["--impl", impl, "--steps", str(args.steps), "--warmup", str(args.warmup),
+                   "--dim", str(args.dim), "--layers", str(args.layers), "--context", str(args.context),
+                   "--batch", str(args.batch), "--bucket-cap-mb", str(args.bucket_cap_mb)]
+    return run_worker("pyc10d.bench.ddp", world, worker_args, workdir / f"{impl}-{world}.json", args.timeout)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

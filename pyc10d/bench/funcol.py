@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench import metrics
+from pyc10d.bench.launch import run_worker
 
 
 def _loop_time(dist: Any, body: Any, k: int, reps: int) -> float:
@@ -169,21 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     with tempfile.TemporaryDirectory(prefix="pyc10d-funcol-") as tmp:
         for backend in args.backends.split(","):
-            out = Path(tmp) / f"{backend}.json"
-            from pyc10d.bench.__main__ import free_port
-
-            cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", str(args.world_size),
-                   "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "pyc10d.bench.funcol",
-                   "--worker", "--backend", backend, "--out", str(out), "--sizes",
-                   ",".join(map(str, args.sizes)), "--overlap-bytes", str(args.overlap_bytes),
-                   "--iters", str(args.iters), "--reps", str(args.reps)]
             print(f"== {backend}, world size {args.world_size} ==", flush=True)
-            code = subprocess.call(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=900)
-            if code or not out.exists():
+            worker_args = ["--backend", backend, "--sizes", ",".join(map(str, args.sizes)),
+                           "--overlap-bytes", str(args.overlap_bytes), "--iters", str(args.iters),
+                           "--reps", str(args.reps)]
+            res = run_worker("pyc10d.bench.funcol", args.world_size, worker_args, Path(tmp) / f"{backend}.json", 900)
+            if isinstance(res, str):
                 failed = True
-                print(f"   {backend} FAILED (exit code {code})")
+                print(f"   {backend} FAILED ({res})")
                 continue
-            records += json.loads(out.read_text())
+            records += res
     _print(records)
     failed = failed or not all(r["correct"] for r in records)
     args.out.mkdir(parents=True, exist_ok=True)

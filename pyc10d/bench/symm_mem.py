@@ -22,15 +22,15 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from pyc10d.bench.launch import run_worker
 
 
 def _times(dist: Any, fns: dict[str, Callable[[], Any]], k: int, reps: int) -> dict[str, float]:
@@ -139,25 +139,10 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # ----------------------------------------------------------------------------- driver
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run_job(impl: str, world: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any] | str:
-    out = workdir / f"{impl}-{world}.json"
-    cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", str(world), "--master-addr", "127.0.0.1",
-           "--master-port", str(_free_port()), "-m", "pyc10d.bench.symm_mem", "--worker", "--impl", impl,
-           "--out", str(out), "--reps", str(args.reps), "--mib", str(args.mib),
-           "--ag-shape", ",".join(map(str, args.ag_shape)), "--rs-shape", ",".join(map(str, args.rs_shape))]
-    try:
-        code = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=args.timeout).returncode
-    except subprocess.TimeoutExpired:
-        return f"timed out after {args.timeout:.0f} s"
-    if code != 0 or not out.exists():
-        return f"exit code {code}"
-    return json.loads(out.read_text())
+    worker_args = ["--impl", impl, "--reps", str(args.reps), "--mib", str(args.mib),
+                   "--ag-shape", ",".join(map(str, args.ag_shape)), "--rs-shape", ",".join(map(str, args.rs_shape))]
+    return run_worker("pyc10d.bench.symm_mem", world, worker_args, workdir / f"{impl}-{world}.json", args.timeout)
 
 
 def _shape(text: str) -> tuple[int, int, int]:

@@ -43,7 +43,9 @@ USER_CHANNELS = 16
 #: The internal channel of ``barrier`` (the fused ops use channels 0 and 1 of a workspace
 #: allocation of their own).
 BARRIER_CHANNEL = USER_CHANNELS
-CHANNELS = USER_CHANNELS + 1
+#: The internal channel of the chunked all-reduce ("my slice of chunk k is reduced").
+REDUCE_CHANNEL = USER_CHANNELS + 1
+CHANNELS = USER_CHANNELS + 2
 
 
 def _align(x: int, a: int = PAGE) -> int:

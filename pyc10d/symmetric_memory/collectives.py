@@ -17,6 +17,8 @@ no peer still reads it.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .alloc import pin_of
@@ -48,24 +50,54 @@ def _combiner(reduce_op: str, what: str):  # noqa: ANN202
     return fn
 
 
+#: Bytes of the tensor reduced per pipeline step: small enough that the reduced slices a
+#: rank copies from its peers are still in the shared cache when it reads them.
+CHUNK_BYTES = int(os.environ.get("PYC10D_SYMM_CHUNK_BYTES", 1 << 20))
+
+
 def two_shot_all_reduce_(t: torch.Tensor, reduce_op: str = "sum", group_name: str | None = None) -> torch.Tensor:
-    """Reduce ``t`` (a contiguous tensor in symmetric memory) over its group, in place."""
+    """Reduce ``t`` (a contiguous tensor in symmetric memory) over its group, in place.
+
+    Chunk by chunk: each rank reduces its 1/n slice of chunk k out of every rank's tensor
+    and signals it (a counted signal per chunk), then copies the peers' reduced slices of
+    chunk k - 1, which they finished a step earlier. A rank overwrites a peer's slice in its
+    own tensor only after that peer said it is done reading it, so no rank reads a reduced
+    value as an input.
+    """
     combine = _combiner(reduce_op, "two_shot_all_reduce_")
     h, peers = _peers(t, group_name, "two_shot_all_reduce_")
     n, me, numel = h.world_size, h.rank, t.numel()
-    bounds = [(p * numel // n, (p + 1) * numel // n) for p in range(n)]
+    step = max(n, CHUNK_BYTES // max(1, t.element_size()))
+    chunks = [(lo, min(lo + step, numel)) for lo in range(0, numel, step)] or [(0, 0)]
+
+    def slices(k: int) -> list[tuple[int, int]]:
+        lo, hi = chunks[k]
+        size = hi - lo
+        return [(lo + p * size // n, lo + (p + 1) * size // n) for p in range(n)]
+
+    def reduce_chunk(k: int) -> None:
+        a, b = slices(k)[me]
+        mine = peers[me][a:b]
+        for j in range(1, n):
+            combine(mine, peers[(me + j) % n][a:b])
+        if reduce_op.lower() == "avg":
+            mine.div_(n)
+        h.chunk_reduced()
+
+    def gather_chunk(k: int) -> None:
+        bounds = slices(k)
+        for j in range(1, n):
+            p = (me + j) % n
+            h.wait_chunk_reduced(p)
+            a, b = bounds[p]
+            peers[me][a:b].copy_(peers[p][a:b])
+
     h.barrier()
-    lo, hi = bounds[me]
-    mine = peers[me][lo:hi]
-    for k in range(1, n):
-        combine(mine, peers[(me + k) % n][lo:hi])
-    if reduce_op.lower() == "avg":
-        mine.div_(n)
-    h.barrier()
-    for k in range(1, n):
-        p = (me + k) % n
-        lo, hi = bounds[p]
-        peers[me][lo:hi].copy_(peers[p][lo:hi])
+    for k in range(len(chunks)):
+        reduce_chunk(k)
+        if k:
+            gather_chunk(k - 1)
+    gather_chunk(len(chunks) - 1)
     h.barrier()
     return t
 

@@ -28,6 +28,7 @@ from ..errors import DistNetworkError, DistTimeoutError
 from . import _seam
 from .alloc import (
     BARRIER_CHANNEL,
+    REDUCE_CHANNEL,
     USER_CHANNELS,
     Mapping,
     exchange,
@@ -135,6 +136,16 @@ class SymmetricMemory:
         order = [(m.rank + k) % m.world_size for k in range(1, m.world_size)]
         for i, p in enumerate(order):  # a rank dying later in the order fails the wait too
             self._wait_for(p, BARRIER_CHANNEL, timeout_ms, "barrier", order[i:])
+
+    def chunk_reduced(self) -> None:
+        """Tell every peer that this rank's slice of the next chunk is reduced (see
+        ``collectives.two_shot_all_reduce_``)."""
+        for p in range(self._m.world_size):
+            if p != self._m.rank:
+                self._signal(p, REDUCE_CHANNEL)
+
+    def wait_chunk_reduced(self, src: int) -> None:
+        self._wait_for(src, REDUCE_CHANNEL, 0, "all_reduce")
 
     def _signal(self, dst: int, channel: int) -> None:
         m = self._m

@@ -56,6 +56,8 @@ def _body(rank: int, ws: int) -> str:
     return "no error"
 
 
+@pytest.mark.parametrize("chunk", [None, 4096], ids=["one-chunk", "many-chunks"])
 @pytest.mark.parametrize("ws", [2, 3])
-def test_all_reduce_of_symmetric_tensor(ws: int) -> None:
-    assert run_ranks("shm", ws, _body, timeout=40) == ["raised"] * ws
+def test_all_reduce_of_symmetric_tensor(ws: int, chunk: int | None) -> None:
+    patches = {"pyc10d.symmetric_memory.collectives.CHUNK_BYTES": chunk} if chunk else None
+    assert run_ranks("shm", ws, _body, timeout=40, patches=patches) == ["raised"] * ws

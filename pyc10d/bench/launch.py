@@ -1,0 +1,36 @@
+"""Start one benchmark job: ``world`` ranks of a worker module on this host, via ``pyc10d.run``.
+
+Shared by the DDP, functional-collective and symmetric-memory benchmarks: each worker writes
+its records as JSON to ``out``, and the caller gets them back, or a one-line reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_worker(module: str, world: int, worker_args: list[str], out: Path, timeout: float) -> Any:
+    """Run ``python -m module --worker ... --out out`` on ``world`` ranks; the JSON it wrote,
+    or a string saying why there is none (time-out, exit code)."""
+    cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", str(world), "--master-addr", "127.0.0.1",
+           "--master-port", str(free_port()), "-m", module, "--worker", *worker_args, "--out", str(out)]
+    try:
+        code = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=timeout).returncode
+    except subprocess.TimeoutExpired:
+        return f"timed out after {timeout:.0f} s"
+    if code != 0 or not out.exists():
+        return f"exit code {code}"
+    return json.loads(out.read_text())

@@ -1,0 +1,21 @@
+"""Smoke test of ``python -m pyc10d.bench --funcol``: it runs, checks its results, writes JSON."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pyc10d.bench import funcol
+
+
+@pytest.mark.timeout(60)
+def test_funcol_bench_runs(tmp_path: Path) -> None:
+    code = funcol.main(["--backends", "shm", "--sizes", "8,64K", "--iters", "5", "--reps", "1",
+                        "--overlap-bytes", "64K", "--out", str(tmp_path)])
+    assert code == 0
+    (path,) = tmp_path.glob("funcol-*.json")
+    records = json.loads(path.read_text())
+    kinds = {(r["kind"], r.get("api")) for r in records}
+    assert kinds == {("funcol", "in-place"), ("funcol", "functional"), ("overlap", None)}
+    assert all(r["correct"] for r in records)
+    assert all(r["time_us"] > 0 for r in records if r["kind"] == "funcol")
