@@ -14,6 +14,7 @@ import torch
 
 from ..errors import DistBackendError, DistTimeoutError
 from ..transport.base import ANY_SOURCE, RecvHandle, Transport
+from ..types import ReduceOp
 
 DTYPES: list[torch.dtype] = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
@@ -56,7 +57,7 @@ _FP_CACHE: dict[tuple, int] = {}
 
 def fingerprint(opname: str, red: object = None, root: int | None = None) -> int:
     """24 bits: collective (5), reduce op (4, 0 = none), root + 1 (15, 0 = none)."""
-    key = (opname, getattr(red, "op", red), root)
+    key = (opname, red.op if red.__class__ is ReduceOp else red, root)
     fp = _FP_CACHE.get(key)
     if fp is None:
         fp = _FP_CACHE[key] = _fingerprint(opname, red, root)

@@ -26,10 +26,11 @@ from typing import Any
 import torch
 
 from ..algorithms.comm import Comm, describe_fingerprint, fingerprint
-from ..errors import DistBackendError, DistTimeoutError
+from ..errors import DistBackendError, DistError, DistTimeoutError
 from ..transport.base import Transport
 from ..types import UNSET_TIMEOUT
-from . import watchdog
+from . import flight_recorder, watchdog
+from .flight_recorder import FlightRecorder
 from .work import Work
 
 _P2P_BIT = 1 << 31
@@ -102,6 +103,8 @@ class Engine:
         self._running_op: tuple[int, str, float] | None = None
         self._entered: tuple[int, str] = (0, "")
         self._completed: tuple[int, str] = (0, "")
+        self.recorder = (FlightRecorder(group_name, rank, ranks[rank], len(ranks))
+                         if flight_recorder.capacity() > 0 else None)
         if self.desync_check:
             transport.watch_unexpected(self.group_key, self._on_unexpected)
 
@@ -154,6 +157,8 @@ class Engine:
                 raise DistBackendError(f"{opname}: process group {self.group_name!r} was destroyed")
             self._seq += 1
             work = Work(opname, outputs, self._seq)
+            if self.recorder is not None:
+                work._trace = self.recorder.issued(self._seq, opname, outputs)
             channel = (self.group_key << 32) | (self._seq & 0x7FFFFFFF)
             job = (work, fn, channel, timeout, fp)
             if fp:
@@ -215,7 +220,11 @@ class Engine:
         work, fn, channel, timeout, fp = job
         error: BaseException | None = None
         with self._exec:
-            self._running_op = (work.seq, work.opname, time.monotonic())
+            now = time.monotonic()
+            self._running_op = (work.seq, work.opname, now)
+            trace = work._trace
+            if trace is not None:  # (inlined: this runs for every operation)
+                trace[5], trace[7] = now, "running"
             self._entered = (work.seq, work.opname)
             try:
                 if self._broken is not None:
@@ -230,10 +239,14 @@ class Engine:
                 comm.fingerprint = fp
                 fn(comm)
             except BaseException as e:  # noqa: BLE001 - handed to the waiter
-                error = self._explain_timeout(e, work)
+                if work._trace is not None:
+                    FlightRecorder.ended(work._trace, False)
+                error = self._with_trace(self._explain_timeout(e, work))
                 self._fail_group(error)
             finally:
                 self._running_op = None
+                if trace is not None and error is None:
+                    trace[6], trace[7] = time.monotonic(), "completed"
                 self._completed = (work.seq, work.opname)
                 with self._lock:
                     self._pending -= 1
@@ -249,6 +262,16 @@ class Engine:
         except Exception:  # noqa: BLE001 - the store may be gone too; keep the original error
             return error
         return DistTimeoutError(f"{error}; {text}") if text else error
+
+    def _with_trace(self, error: BaseException) -> BaseException:
+        """Dump the flight recorder and say where (pyc10d's own errors only)."""
+        if self.recorder is None or not isinstance(error, DistError):
+            return error
+        try:
+            path = self.recorder.dump(str(error))
+        except OSError:
+            return error
+        return type(error)(f"{error} [flight recorder: {path}]")
 
     def _fail_group(self, error: BaseException) -> None:
         if self._broken is not None:

@@ -30,6 +30,7 @@ class Work:
         self._future: torch.futures.Future | None = None
         self._lock = threading.Lock()
         self._source_rank = -1
+        self._trace: list[Any] | None = None  # its flight-recorder entry
 
     # -- completion (called by the backend) -----------------------------------------------
     def _finish(self, error: BaseException | None = None) -> None:

@@ -147,6 +147,7 @@ class Mailbox:
         # Buffers for messages that come before their receive (see ``pool``).
         self.pool = PayloadPool()
         self.watchers: dict[int, Callable[[int, int, int], None]] = {}
+        self.waiting_unexpected = 0  # messages in ``unexpected``, for a lock-free "none" check
 
     def watch(self, namespace: int, callback: Callable[[int, int, int], None] | None) -> None:
         if callback is None:
@@ -155,6 +156,8 @@ class Mailbox:
             self.watchers[namespace] = callback
 
     def unexpected_on(self, channel: int) -> list[tuple[int, int]]:
+        if not self.waiting_unexpected:  # the common case, without taking the lock
+            return []
         with self.lock:
             return [(peer, q[channel][0][1]) for peer, q in enumerate(self.unexpected) if q.get(channel)]
 
@@ -166,6 +169,7 @@ class Mailbox:
             queue = self.unexpected[peer].get(channel) if peer != ANY_SOURCE else None
             if queue:
                 data, meta, _ = queue.pop(0)
+                self.waiting_unexpected -= 1
                 if not queue:
                     del self.unexpected[peer][channel]
                 handle.peer = peer
@@ -231,6 +235,7 @@ class Mailbox:
             if handle is None:
                 self._arrivals += 1
                 self.unexpected[peer].setdefault(channel, []).append((data, meta, self._arrivals))
+                self.waiting_unexpected += 1
         if handle is None:
             watcher = self.watchers.get(channel_namespace(channel))
             if watcher is not None:
