@@ -87,11 +87,19 @@ def describe_fingerprint(fp: int) -> str:
 
 
 def byte_view(t: torch.Tensor) -> memoryview:
-    """Writable bytes of a contiguous CPU tensor's memory (the caller keeps ``t`` alive)."""
+    """Writable bytes of a contiguous CPU tensor's memory.
+
+    The view keeps ``t`` alive: a receive posted into it may outlive the operation that
+    posted it (the operation failed, or a point-to-point receive timed out), and the
+    transport's receiver thread may still write into it; without the reference that write
+    would land in freed memory.
+    """
     n = t.numel() * t.element_size()
     if n == 0:
         return _EMPTY
-    return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
+    raw = (ctypes.c_char * n).from_address(t.data_ptr())
+    raw.owner = t  # type: ignore[attr-defined]
+    return memoryview(raw).cast("B")
 
 
 class PendingRecv:

@@ -228,10 +228,7 @@ class Engine:
             self._entered = (work.seq, work.opname)
             try:
                 if self._broken is not None:
-                    raise type(self._broken)(
-                        f"{work.opname}: group {self.group_name!r} is unusable after an earlier "
-                        f"failure: {self._broken}"
-                    )
+                    raise type(self._broken)(f"unusable after an earlier failure: {self._broken}")
                 if self._desync is not None:  # found after an earlier operation had returned
                     raise self._desync
                 comm = Comm(self.transport, self.ranks, self._rank, channel, timeout, work.opname)
@@ -241,7 +238,7 @@ class Engine:
             except BaseException as e:  # noqa: BLE001 - handed to the waiter
                 if work._trace is not None:
                     FlightRecorder.ended(work._trace, False)
-                error = self._with_trace(self._explain_timeout(e, work))
+                error = self._with_trace(self._explain_timeout(self._annotate(e, work), work))
                 self._fail_group(error)
             finally:
                 self._running_op = None
@@ -251,6 +248,24 @@ class Engine:
                 with self._lock:
                     self._pending -= 1
         work._finish(error)
+
+    def _annotate(self, error: BaseException, work: Work) -> BaseException:
+        """Name the group and the operation's sequence number in pyc10d's own errors, so that
+        the logs of different ranks line up (``allreduce #17 in group 'default': ...``)."""
+        if not isinstance(error, DistError):
+            return error
+        head = f"{work.opname} #{work.seq} in group {self.group_name!r}"
+        msg = str(error)
+        if msg.startswith(head):
+            return error
+        if msg.startswith(f"{work.opname}: "):
+            msg = msg[len(work.opname) + 2:]
+        try:
+            annotated = type(error)(f"{head}: {msg}")
+        except TypeError:  # an error class with another constructor: keep it as it is
+            return error
+        annotated.__cause__ = error.__cause__
+        return annotated
 
     def _explain_timeout(self, error: BaseException, work: Work) -> BaseException:
         """A timeout names the ranks that never entered the operation, when it can tell."""
@@ -277,9 +292,12 @@ class Engine:
         if self._broken is not None:
             return
         self._broken = error
-        reason = f"group {self.group_name!r}, rank {self._rank}: {error}"
+        reason = str(error)  # names the group, the operation and this rank (``_annotate``)
         peers = [g for i, g in enumerate(self.ranks) if i != self._rank]
         self.transport.abort(self.group_key, reason, peers)
+        # Receives the failed operation left posted would wait for ever (their buffers are kept
+        # alive by their views, see ``byte_view``): fail them, and any later ones of the group.
+        self.transport.cancel(self.group_key, error)
 
     def _run_sync(self, opname: str, fn: Callable[[Comm], Any], outputs: Any, opts: Any = None) -> Work:
         return self._submit(opname, fn, outputs, opts, sync=True)

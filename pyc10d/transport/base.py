@@ -143,6 +143,12 @@ class Mailbox:
         ]
         self._arrivals = 0
         self.dead: dict[int, BaseException] = {}
+        # Root cause (see ``explain_loss``): when each peer was lost, which peers said goodbye
+        # (a clean shutdown is never the root cause), and what each peer gave as its reason
+        # when it aborted a group.
+        self.dead_at: dict[int, float] = {}
+        self.said_bye: set[int] = set()
+        self.abort_reasons: dict[int, str] = {}
         self.aborted: dict[int, BaseException] = {}
         # Buffers for messages that come before their receive (see ``pool``).
         self.pool = PayloadPool()
@@ -244,9 +250,47 @@ class Mailbox:
         deliver_copy(handle, data, meta)
         self.pool.release(data)
 
-    def peer_lost(self, peer: int, error: BaseException) -> None:
+    def explain_loss(self, peer: int, detail: str) -> BaseException:
+        """The error for losing ``peer``, naming the root cause when it is another rank.
+
+        A rank that fails tells its peers why (an abort frame) and exits; its peers then see
+        its connection close. Blaming it would hide the rank that failed first, so: a peer
+        that aborted is reported with its reason, and a peer lost after another peer died
+        (without a goodbye) is reported after that earlier death.
+        """
         with self.lock:
-            self.dead.setdefault(peer, error)
+            known = self.dead.get(peer)
+            if known is not None:
+                return known
+            return self._explain(peer, detail)
+
+    def _explain(self, peer: int, detail: str) -> BaseException:
+        reason = self.abort_reasons.get(peer)
+        if reason is not None:
+            return abort_error(peer, f"{reason}; then it closed its connection")
+        earlier = [(t, p) for p, t in self.dead_at.items() if p != peer and p not in self.said_bye]
+        if earlier:
+            first = min(earlier)[1]
+            return lost_error(peer, f"{detail}), after rank {first} was lost ({self.dead[first]}")
+        return lost_error(peer, detail)
+
+    def peer_said_bye(self, peer: int) -> None:
+        with self.lock:
+            self.said_bye.add(peer)
+
+    def peer_aborted(self, peer: int, reason: str) -> None:
+        with self.lock:
+            self.abort_reasons[peer] = reason
+
+    def peer_lost(self, peer: int, error: BaseException | str) -> None:
+        """``peer`` is gone: fail its receives; ``error`` as a string is the detail of an
+        unexplained loss (``explain_loss`` words it)."""
+        with self.lock:
+            if isinstance(error, str):
+                error = self.dead.get(peer) or self._explain(peer, error)
+            if peer not in self.dead:
+                self.dead[peer] = error
+                self.dead_at[peer] = time.monotonic()
             pending = [h for q in self.posted[peer].values() for h in q]
             self.posted[peer].clear()
             if self._lost(ANY_SOURCE) is not None:

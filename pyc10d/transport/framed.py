@@ -67,9 +67,12 @@ class FramedTransport(Transport):
                     payload = bytearray(nbytes)
                     read(memoryview(payload), True)
                     if kind == KIND_BYE:
+                        box.peer_said_bye(peer)
                         box.peer_lost(peer, lost_error(peer, "it shut down its process group"))
                         return
-                    box.abort(channel, abort_error(peer, payload.decode(errors="replace")))
+                    reason = payload.decode(errors="replace")
+                    box.peer_aborted(peer, reason)
+                    box.abort(channel, abort_error(peer, reason))
                     continue
                 # A large message whose receive is not posted yet would be read into a
                 # holding buffer and copied again later; the receive is usually a moment
@@ -90,4 +93,4 @@ class FramedTransport(Transport):
                     box.arrived(peer, channel, payload, meta)
         except (OSError, DistNetworkError) as e:
             if not self._closing:
-                box.peer_lost(peer, e if isinstance(e, DistNetworkError) else lost_error(peer, str(e)))
+                box.peer_lost(peer, e if isinstance(e, DistNetworkError) else str(e))

@@ -26,7 +26,7 @@ from datetime import timedelta
 from ..errors import DistBackendError, DistNetworkError, DistTimeoutError
 from ..store.base import Store
 from . import futex
-from .base import Mailbox, lost_error
+from .base import Mailbox
 from .framed import FramedTransport
 from .shm_segment import PeerWatch, Segment, new_name, unlink
 from .shm_segment import available as segment_dir_usable
@@ -157,7 +157,7 @@ class ShmTransport(FramedTransport):
             raise DistNetworkError(f"shm transport: rank {self.rank} cannot send to itself")
         with self._send_locks[peer]:
             if not self.is_alive(peer):
-                raise self.mailbox.dead.get(peer) or lost_error(peer, "it is gone")
+                raise self.mailbox.explain_loss(peer, "it is gone")
             n = len(data)
             pos = self._out_tail[peer]
             self._wait_space(ring, peer, pos, _HDR)
@@ -192,7 +192,7 @@ class ShmTransport(FramedTransport):
             if ring.capacity - ((pos - head) & _M) >= need:
                 return
             if self._peer_gone(peer):
-                raise self.mailbox.dead.get(peer) or lost_error(peer, "it died")
+                raise self.mailbox.explain_loss(peer, "it died")
             futex.wait(ring.head_addr, head, _SLICE)
 
     # -- receiving --------------------------------------------------------------------------
@@ -219,7 +219,7 @@ class ShmTransport(FramedTransport):
                 if self._closing:
                     raise DistNetworkError(f"rank {self.rank}: transport closed")
                 if self._peer_gone(peer):
-                    raise lost_error(peer, "its process died")
+                    raise self.mailbox.explain_loss(peer, "its process died")
                 futex.wait(ring.tail_addr, tail, _SLICE)
                 continue
             k = min(avail, span - done)

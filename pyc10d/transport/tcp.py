@@ -22,7 +22,7 @@ from datetime import timedelta
 
 from ..errors import DistNetworkError, DistTimeoutError
 from ..store.base import Store
-from .base import Mailbox, lost_error
+from .base import Mailbox
 from .framed import FramedTransport
 
 _HEADER = struct.Struct("<QQII")
@@ -229,8 +229,7 @@ class TCPTransport(FramedTransport):
                     for start in range(0, len(data), step):
                         sock.sendall(data[start:start + step])
         except OSError as e:
-            err = self.mailbox.dead.get(peer) or lost_error(peer, f"send failed: {e}")
-            raise err from e
+            raise self.mailbox.explain_loss(peer, f"send failed: {e}") from e
 
     def _receive_loop(self, peer: int, sock: socket.socket) -> None:
         self._pump(peer, lambda view, _payload: _recv_exact(sock, view))
