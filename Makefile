@@ -2,6 +2,8 @@
 #   make venv   create .venv (once; again when pyproject.toml changes)
 #   make demo   4-rank tour of the collectives, then a short DDP training run (2 ranks)
 #   make test   the test suite
+#   make test-launchers  env:// under torchrun, Slurm and MPI environments, real mpirun
+#               (installs Debian's openmpi-bin first when mpirun is missing; needs root)
 #   make bench  benchmarks vs torch.distributed's gloo (BENCH_ARGS="..." passes options),
 #               then functional vs in-place collectives (python -m pyc10d.bench.funcol)
 #   make lint   ruff
@@ -12,7 +14,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp
 BENCH_ARGS ?=
 
-.PHONY: venv demo test bench lint clean
+.PHONY: venv demo test test-launchers bench lint clean
 
 venv: $(STAMP)
 
@@ -31,6 +33,12 @@ demo: $(STAMP)
 # would hide pytest's closing "N passed" line.
 test: $(STAMP)
 	$(PY) -m pytest tests -p no:cacheprovider
+
+# Open MPI from Debian when mpirun is absent: without it the real-mpirun tests skip.
+test-launchers: $(STAMP)
+	command -v mpirun >/dev/null || { apt-get update && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y openmpi-bin; }
+	$(PY) -m pytest tests/test_launchers.py tests/test_run.py -p no:cacheprovider
 
 bench: $(STAMP)
 	$(PY) -m pyc10d.bench $(BENCH_ARGS)

@@ -10,6 +10,7 @@ from typing import Any
 
 from .backends import Backend as Engine
 from .backends import Options
+from .launch_env import local_rank as _launcher_local_rank
 from .process_group import Backend, ProcessGroup, make_engine
 from .rendezvous import rendezvous
 from .store import PrefixStore, Store
@@ -23,6 +24,7 @@ __all__ = [
     "_get_default_store", "_rank_not_in_group", "_get_group_tag", "_find_pg_by_ranks_and_tag",
     "_find_or_create_pg_by_ranks_and_tag", "is_available", "is_gloo_available",
     "is_nccl_available", "is_mpi_available", "is_torchelastic_launched", "get_pg_count",
+    "get_node_local_rank",
 ]
 
 
@@ -48,6 +50,24 @@ def is_ucc_available() -> bool:
 
 def is_torchelastic_launched() -> bool:
     return os.environ.get("TORCHELASTIC_RUN_ID") is not None
+
+
+def get_node_local_rank(fallback_rank: int | None = None) -> int:
+    """This process's rank among those of its host, as its launcher numbered them.
+
+    torch reads ``LOCAL_RANK``; pyc10d also reads the local rank of Open MPI, MPICH and
+    Slurm, so scripts started by ``mpirun`` or ``srun`` pick their device the same way.
+    """
+    found = _launcher_local_rank(os.environ)
+    if found is not None:
+        return found
+    if fallback_rank is not None:
+        return fallback_rank
+    raise RuntimeError(
+        "LOCAL_RANK is not in the environment (nor a launcher's local rank). Consider passing "
+        "fallback_rank to allow `get_node_local_rank` to work, assuming you are not running "
+        "in a multi-device context and want the code to run locally instead."
+    )
 
 
 def is_initialized() -> bool:

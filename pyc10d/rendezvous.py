@@ -1,6 +1,8 @@
 """Turn an ``init_method`` URL (or environment variables) into a store, rank and world size.
 
-- ``env://``: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment.
+- ``env://``: rank, world size and the store's address from the environment: torchrun's
+  RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, or those of Open MPI, MPICH or Slurm
+  (:mod:`pyc10d.launch_env` reads them).
 - ``tcp://host:port``: a TCPStore; rank 0 hosts it.
 - ``file:///path``: a FileStore on a shared file.
 Query parameters (``?rank=1&world_size=2``) override, as in torch.
@@ -9,21 +11,63 @@ Query parameters (``?rank=1&world_size=2``) override, as in torch.
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from urllib.parse import parse_qs, urlparse
 
+from .errors import DistTimeoutError
+from .launch_env import LaunchEnv, detect
 from .store import FileStore, Store, TCPStore
 
+_JOINED, _ALL_JOINED = "pyc10d/launch/joined", "pyc10d/launch/all_joined"
 
-def _env_int(name: str, given: int) -> int:
-    if given >= 0:
-        return given
-    value = os.environ.get(name)
-    if value is None:
-        raise ValueError(
-            f"Error initializing torch.distributed using env:// rendezvous: environment variable {name} expected, but not set"
-        )
-    return int(value)
+
+def _port_file_store(info: LaunchEnv, timeout: timedelta) -> TCPStore:
+    """The store of a single-host job with no MASTER_PORT: rank 0 serves it on a free port
+    of 127.0.0.1 and writes the port to ``info.port_file``; the others wait for the file.
+
+    A free port rather than one derived from the job id: nothing else on the host can hold
+    it. Rank 0 removes the file once every rank has connected, so /tmp keeps nothing.
+    """
+    assert info.port_file is not None
+    path, n = info.port_file, info.world_size
+    if info.rank == 0:
+        store = TCPStore("127.0.0.1", 0, n, is_master=True, timeout=timeout,
+                         wait_for_workers=False)
+        if n == 1:
+            return store
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(str(store.port))
+        os.replace(tmp, path)  # readers see the whole number or no file
+        try:
+            store.wait([_ALL_JOINED], timeout)
+        finally:
+            os.unlink(path)
+        return store
+    deadline = time.monotonic() + timeout.total_seconds()
+    delay = 0.005
+    while True:
+        try:
+            with open(path) as f:
+                if os.fstat(f.fileno()).st_uid == os.getuid():  # not a planted file
+                    port = int(f.read())
+                    break
+        except (FileNotFoundError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise DistTimeoutError(
+                f"{info.source} rank {info.rank}: timed out after {timeout.total_seconds():.0f}s "
+                f"waiting for rank 0 to write its store port to {path}"
+            )
+        # No wake-up exists for a file appearing; back off so waiting ranks stay idle.
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+    store = TCPStore("127.0.0.1", port, n, is_master=False, timeout=timeout,
+                     wait_for_workers=False)
+    if store.add(_JOINED, 1) == n - 1:
+        store.set(_ALL_JOINED, "1")
+    return store
 
 
 def rendezvous(init_method: str, rank: int, world_size: int, timeout: timedelta) -> tuple[Store, int, int]:
@@ -34,17 +78,13 @@ def rendezvous(init_method: str, rank: int, world_size: int, timeout: timedelta)
     if "world_size" in query:
         world_size = int(query["world_size"])
     if url.scheme == "env":
-        rank = _env_int("RANK", rank)
-        world_size = _env_int("WORLD_SIZE", world_size)
-        host = os.environ.get("MASTER_ADDR")
-        port = os.environ.get("MASTER_PORT")
-        if host is None or port is None:
-            missing = "MASTER_ADDR" if host is None else "MASTER_PORT"
-            raise ValueError(
-                f"Error initializing torch.distributed using env:// rendezvous: environment variable {missing} expected, but not set"
-            )
-        store = TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=True)
-        return store, rank, world_size
+        info = detect(os.environ, rank, world_size, ppid=os.getppid())
+        if info.port_file is not None:
+            return _port_file_store(info, timeout), info.rank, info.world_size
+        assert info.master_port is not None
+        store = TCPStore(info.master_addr, info.master_port, info.world_size,
+                         is_master=info.rank == 0, timeout=timeout, wait_for_workers=True)
+        return store, info.rank, info.world_size
     if url.scheme == "tcp":
         if rank < 0 or world_size < 0:
             raise ValueError("tcp:// rendezvous needs rank and world_size")

@@ -4,12 +4,16 @@ Usage::
 
     python -m pyc10d.run [--nproc-per-node N] [--nnodes 1] [--node-rank 0]
                          [--master-addr 127.0.0.1] [--master-port 29500]
+                         [--rdzv-endpoint host:port]
                          (script.py | -m module) [args ...]
 
 It starts ``N`` copies of the script (or module) as child processes of this one, each with
 the environment that ``init_method="env://"`` reads: ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``NODE_RANK``, ``MASTER_ADDR`` and
 ``MASTER_PORT``. The global rank is ``node_rank * nproc_per_node + local_rank``.
+``--rdzv-endpoint host:port`` (torchrun's spelling of the same thing, for its static
+rendezvous) is another way to give the master address and port; every node passes the
+same one, the address of node 0, where rank 0 serves the store.
 
 Failure handling: as soon as one rank exits non-zero the launcher prints
 ``pyc10d.run: rank R exited with code C`` (with the signal's name when a signal ended it),
@@ -58,9 +62,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--node-rank", "--node_rank", dest="node_rank", type=int, default=0,
                    help="this node's index in [0, nnodes) (default 0)")
     p.add_argument("--master-addr", "--master_addr", dest="master_addr",
-                   default="127.0.0.1", help="address of rank 0's store (default 127.0.0.1)")
+                   help="address of rank 0's store (default 127.0.0.1)")
     p.add_argument("--master-port", "--master_port", dest="master_port", type=int,
-                   default=29500, help="port of rank 0's store (default 29500)")
+                   help="port of rank 0's store (default 29500)")
+    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint",
+                   help="host[:port] of rank 0's store, as torchrun takes it; instead of "
+                   "--master-addr/--master-port")
     p.add_argument("--term-timeout", "--term_timeout", dest="term_timeout", type=float,
                    default=5.0, help="seconds between SIGTERM and SIGKILL when stopping "
                    "ranks (default 5)")
@@ -81,7 +88,39 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--nproc-per-node must be at least 1")
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         p.error("need nnodes >= 1 and 0 <= node-rank < nnodes")
+    if args.rdzv_endpoint is not None:
+        if args.master_addr is not None or args.master_port is not None:
+            p.error("give either --rdzv-endpoint or --master-addr/--master-port, not both")
+        try:
+            args.master_addr, args.master_port = split_endpoint(args.rdzv_endpoint)
+        except ValueError as e:
+            p.error(str(e))
+    if args.master_addr is None:
+        args.master_addr = "127.0.0.1"
+    if args.master_port is None:
+        args.master_port = 29500
     return args
+
+
+def split_endpoint(endpoint: str, default_port: int = 29500) -> tuple[str, int]:
+    """``"host:port"`` (``"[v6]:port"``, or a bare host for ``default_port``) -> (host, port)."""
+    text = endpoint.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else rest
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"bad --rdzv-endpoint {endpoint!r}: use host:port or [v6addr]:port")
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, ""
+    if not host:
+        raise ValueError(f"bad --rdzv-endpoint {endpoint!r}: no host")
+    if not port_text:
+        return host, default_port
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"bad --rdzv-endpoint {endpoint!r}: port {port_text!r} is not 1-65535")
+    return host, int(port_text)
 
 
 def rank_env(args: argparse.Namespace, local_rank: int) -> dict[str, str]:

@@ -208,3 +208,49 @@ def test_bad_arguments() -> None:
     res = _launch(["--nproc-per-node", "0", "x.py"])
     assert res.returncode == 2
     assert "nproc-per-node" in res.stderr
+
+
+@pytest.mark.timeout(60)
+def test_rdzv_endpoint_sets_master(tmp_path: Path) -> None:
+    script = _write(tmp_path / "dump.py", DUMP_ENV.format(keys=ENV_KEYS))
+    out = tmp_path / "out"
+    out.mkdir()
+    res = _launch(["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1",
+                   "--rdzv_endpoint=127.0.0.3:31999", str(script), str(out)])
+    assert res.returncode == 0, res.stderr
+    for rank in (2, 3):
+        data = json.loads((out / f"env_{rank}.json").read_text())
+        assert (data["MASTER_ADDR"], data["MASTER_PORT"], data["WORLD_SIZE"]) == \
+            ("127.0.0.3", "31999", "4")
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("endpoint, want", [
+    ("node7:29400", ("node7", 29400)),
+    ("10.0.0.1", ("10.0.0.1", 29500)),
+    ("[fe80::1]:1234", ("fe80::1", 1234)),
+    ("[::1]", ("::1", 29500)),
+    ("::1", ("::1", 29500)),
+])
+def test_split_endpoint(endpoint: str, want: tuple[str, int]) -> None:
+    from pyc10d.run import split_endpoint
+
+    assert split_endpoint(endpoint) == want
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("endpoint", ["host:0", "host:http", ":29500", "[::1", "[::1]x"])
+def test_split_endpoint_errors(endpoint: str) -> None:
+    from pyc10d.run import split_endpoint
+
+    with pytest.raises(ValueError, match="bad --rdzv-endpoint"):
+        split_endpoint(endpoint)
+
+
+@pytest.mark.timeout(60)
+def test_rdzv_endpoint_conflicts_with_master_addr() -> None:
+    res = _launch(["--rdzv-endpoint", "h:1", "--master-addr", "h", "x.py"])
+    assert res.returncode == 2
+    assert "either --rdzv-endpoint or --master-addr" in res.stderr
+    res = _launch(["--rdzv-endpoint", "h:99999", "x.py"])
+    assert res.returncode == 2 and "port '99999'" in res.stderr

@@ -24,6 +24,7 @@ from ..errors import DistNetworkError, DistTimeoutError
 from ..store.base import Store
 from .base import Mailbox
 from .framed import FramedTransport
+from .netif import advertised_address
 
 _HEADER = struct.Struct("<QQII")
 _HELLO = struct.Struct("<Iq")
@@ -38,25 +39,14 @@ _CHUNK = 512 * 1024
 _CHUNK_ABOVE = 1 << 20
 
 
-def _advertised_host(store: Store) -> str:
-    env = os.environ.get("PYC10D_SOCKET_ADDR")
-    if env:
-        return env
+def _advertised_host(store: Store, rank: int) -> str:
+    """The address peers dial for this rank: ``netif`` decides, given the store's host."""
     store_host = getattr(store, "host", None)
     base = getattr(store, "underlying_store", None)
     while store_host is None and base is not None:
         store_host = getattr(base, "host", None)
         base = getattr(base, "underlying_store", None)
-    if store_host and store_host not in ("localhost", "127.0.0.1", "::1"):
-        try:
-            probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-            probe.connect((store_host, 9))
-            addr = probe.getsockname()[0]
-            probe.close()
-            return addr
-        except OSError:
-            pass
-    return "127.0.0.1"
+    return advertised_address(os.environ, store_host or None, rank)
 
 
 # Socket buffer size on an oversubscribed host (more ranks on it than CPUs); the kernel
@@ -138,7 +128,7 @@ class TCPTransport(FramedTransport):
     def _connect(self, store: Store, timeout: float) -> None:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        host = _advertised_host(store)
+        host = _advertised_host(store, self.rank)
         listener.bind(("127.0.0.1" if host == "127.0.0.1" else "0.0.0.0", 0))
         listener.listen(self.size)
         port = listener.getsockname()[1]
