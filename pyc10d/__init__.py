@@ -38,10 +38,12 @@ from .constants import default_pg_timeout, reduce_op
 from .device_mesh import DeviceMesh, init_device_mesh
 from .errors import DistBackendError, DistError, DistNetworkError, DistStoreError, DistTimeoutError
 from .groups import (
+    _abort_process_group,
     _get_default_group,
     _get_default_store,
     _new_group_with_tag,
     _rank_not_in_group,
+    abort_process_group,
     destroy_process_group,
     get_backend,
     get_global_rank,
@@ -100,6 +102,7 @@ __all__ = [
     "ReduceScatterOptions", "ScatterOptions", "Store", "TCPStore", "Work", "all_gather",
     "all_gather_coalesced", "all_gather_into_tensor", "all_gather_object", "all_reduce",
     "all_reduce_coalesced", "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv",
+    "abort_process_group", "_abort_process_group",
     "broadcast", "broadcast_object_list", "destroy_process_group", "distributed_c10d", "gather",
     "gather_object", "get_backend", "get_global_rank", "get_group_rank", "get_node_local_rank", "get_pg_count",
     "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group",

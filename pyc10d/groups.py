@@ -18,7 +18,7 @@ from .types import DEFAULT_TIMEOUT
 from .world import NonGroupMember, current_world, ensure_thread_world
 
 __all__ = [
-    "init_process_group", "destroy_process_group", "is_initialized", "get_rank", "get_world_size",
+    "init_process_group", "destroy_process_group", "abort_process_group", "_abort_process_group", "is_initialized", "get_rank", "get_world_size",
     "get_backend", "new_group", "new_subgroups", "new_subgroups_by_enumeration",
     "get_process_group_ranks", "get_group_rank", "get_global_rank", "_get_default_group",
     "_get_default_store", "_rank_not_in_group", "_get_group_tag", "_find_pg_by_ranks_and_tag",
@@ -404,3 +404,30 @@ def destroy_process_group(group: Any = None) -> None:
     if isinstance(group, ProcessGroup):
         group.shutdown()
     world.unregister(group)
+
+
+def abort_process_group(group: Any = None) -> None:
+    """Abort a group after a failure: tell its members (best effort), fail every operation
+    still pending on it, and shut it down without waiting for peers that may be dead.
+
+    With no argument (or the default group): every group and the world, which is then reset
+    so that ``init_process_group`` can be called again in the same process, e.g. by the
+    survivors of a failed rank with a new store prefix and renumbered ranks (see
+    ``examples/elastic_shrink.py``). torch spells it ``_abort_process_group``.
+    """
+    world = current_world()
+    if group is None or group is world.default_pg:
+        if world.default_pg is None:
+            return
+        for pg in list(world.pg_names):
+            if pg is not world.default_pg and isinstance(pg, ProcessGroup):
+                pg.abort()
+        world.default_pg.abort()
+        world.reset()
+        return
+    if isinstance(group, ProcessGroup):
+        group.abort()
+    world.unregister(group)
+
+
+_abort_process_group = abort_process_group

@@ -20,6 +20,7 @@ is left in ``/dev/shm``. A survivor still running 15 s after the death counts as
 from __future__ import annotations
 
 import argparse
+import atexit
 import faulthandler
 import multiprocessing
 import multiprocessing.connection
@@ -129,19 +130,22 @@ def _rank_main(trial: Trial, rank: int, store_path: str, conn: multiprocessing.c
     try:
         conn.send_bytes(pickle.dumps(result))
     finally:
+        atexit._run_exitfuncs()  # as a process that ends normally would (fork children skip it)
         os._exit(0)
 
 
-def _shm_names() -> set[str]:
+def _shm_names(pids: list[int]) -> set[str]:
+    """Segments created by these processes (the name holds the creator's pid; other work on
+    the machine may create segments of its own meanwhile)."""
+    prefixes = tuple(f"pyc10d_{pid}_" for pid in pids)
     try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith("pyc10d")}
+        return {n for n in os.listdir("/dev/shm") if n.startswith(prefixes)}
     except OSError:
         return set()
 
 
 def run_trial(trial: Trial, deadline_s: float = 3.0) -> dict:  # noqa: C901 - one verdict
     """Run one trial; return its verdict (``ok`` and, when not ok, ``why``)."""
-    before = _shm_names()
     tmp = tempfile.mkdtemp(prefix="pyc10d-chaos-")
     procs, conns = [], {}
     for rank in range(trial.world):
@@ -182,7 +186,7 @@ def run_trial(trial: Trial, deadline_s: float = 3.0) -> dict:  # noqa: C901 - on
         c.close()
     shutil.rmtree(tmp, ignore_errors=True)
     time.sleep(0.05)
-    leaked = _shm_names() - before
+    leaked = _shm_names([p.pid for p in procs])
     verdict: dict = {"seed": trial.seed, "backend": trial.backend, "world": trial.world,
                      "victim": trial.victim, "ok": True, "why": "", "slowest_s": 0.0, "leaked": sorted(leaked)}
     problems = []

@@ -267,7 +267,7 @@ class Mailbox:
     def _explain(self, peer: int, detail: str) -> BaseException:
         reason = self.abort_reasons.get(peer)
         if reason is not None:
-            return abort_error(peer, f"{reason}; then it closed its connection")
+            return lost_error(peer, f"after it aborted: {reason}")
         earlier = [(t, p) for p, t in self.dead_at.items() if p != peer and p not in self.said_bye]
         if earlier:
             first = min(earlier)[1]

@@ -59,8 +59,10 @@ class FramedTransport(Transport):
         header = bytearray(self.HEADER.size)
         hview = memoryview(header)
         box = self.mailbox
+        handle: RecvHandle | None = None  # the receive being filled: failed if the peer goes
         try:
             while True:
+                handle = None
                 read(hview, False)
                 channel, nbytes, meta, kind = self.HEADER.unpack(header)
                 if kind != KIND_DATA:
@@ -94,3 +96,5 @@ class FramedTransport(Transport):
         except (OSError, DistNetworkError) as e:
             if not self._closing:
                 box.peer_lost(peer, e if isinstance(e, DistNetworkError) else str(e))
+            if handle is not None and not handle.done():  # the peer went mid-message
+                handle.fail(box.dead.get(peer) or lost_error(peer, str(e)))

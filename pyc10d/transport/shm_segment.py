@@ -49,6 +49,19 @@ def unlink(name: str) -> None:
         pass
 
 
+def sweep(pid: int) -> None:
+    """Unlink every segment name that process ``pid`` created. Called when a peer is seen
+    dead: a rank killed between creating a segment and its peers mapping it would leave the
+    name behind, and only its survivors can remove it (their own mappings stay valid)."""
+    mine = f"{PREFIX}{pid}_"
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(mine)]
+    except OSError:
+        return
+    for name in names:
+        unlink(name)
+
+
 @atexit.register
 def _unlink_registered() -> None:
     for name in list(_registry):
@@ -127,13 +140,15 @@ class PeerWatch:
         if fds:
             readable, _, _ = select.select(fds, [], [], 0)
             for rank, fd in list(self.fds.items()):
-                if fd in readable:
+                if fd in readable and rank not in self.gone:
                     self.gone.add(rank)
+                    sweep(self.pids[rank])
         for r in ranks:
             if r == self.me or r in self.fds or r in self.gone or self.pids[r] <= 0:
                 continue
             if not _pid_alive(self.pids[r]):
                 self.gone.add(r)
+                sweep(self.pids[r])
         return [r for r in ranks if r in self.gone]
 
     def close(self) -> None:
