@@ -205,22 +205,19 @@ class _Server:
         conn.settimeout(auth.HANDSHAKE_TIMEOUT_S)
         try:
             auth.server_handshake(conn, secret)
-        except auth.NotAuthenticating as e:
-            # A client without the token speaks the plain protocol: answer in it, so that it
-            # raises an error saying why instead of "connection closed".
-            self._refuse(conn)
-            reason = str(e)
         except (auth.AuthError, OSError) as e:
-            reason = str(e)
-        else:
-            conn.settimeout(None)
-            return True
-        with self._cond:
-            stopped = self._stopped
-        if not stopped:
-            log.warning("TCPStore server on port %d: refused the connection from %s: "
-                        "authentication failed: %s", self.port, _addr(addr), reason)
-        return False
+            with self._cond:
+                stopped = self._stopped
+            if not stopped:
+                log.warning("TCPStore server on port %d: refused the connection from %s: "
+                            "authentication failed: %s", self.port, _addr(addr), e)
+            if isinstance(e, auth.NotAuthenticating):
+                # A client without the token speaks the plain protocol: answer in it, so that
+                # it raises an error saying why instead of "connection closed".
+                self._refuse(conn)
+            return False
+        conn.settimeout(None)
+        return True
 
     @staticmethod
     def _refuse(conn: socket.socket) -> None:

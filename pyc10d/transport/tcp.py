@@ -34,7 +34,7 @@ _SMALL = 64 * 1024
 # A connection to a rank's listener has this long to authenticate and say hello.
 HELLO_TIMEOUT_S = auth.HANDSHAKE_TIMEOUT_S
 # Connections vetted at once; more are refused (each holds a thread until it passes or fails).
-_MAX_PENDING = 64
+_MAX_PENDING = 512
 log = logging.getLogger("pyc10d")
 # Large payloads go into and out of the kernel this many bytes per system call. Measured on
 # loopback (one 64 MiB message, 2 cores): 512 KiB calls on both sides took 11-15 ms where
@@ -215,10 +215,10 @@ class TCPTransport(FramedTransport):
             with lock:
                 pending.discard(sock)
                 quiet = finished
-            sock.close()
             if not quiet:
                 log.warning("tcp transport: rank %d refused the connection from %s: %s",
                             self.rank, who, reason)
+            sock.close()
 
         def vet(sock: socket.socket, who: str) -> None:
             try:
