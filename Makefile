@@ -4,6 +4,8 @@
 #   make test   the test suite
 #   make bench  benchmarks vs torch.distributed's gloo (BENCH_ARGS="..." passes options),
 #               then functional vs in-place collectives (python -m pyc10d.bench.funcol)
+#   make fuzz   100,000 malformed frames at a live TCPStore server (and garbage at the tcp
+#               transport) while good clients keep working; prints frames, time and peak memory
 #   make lint   ruff
 
 PYTHON ?= python3
@@ -12,7 +14,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp
 BENCH_ARGS ?=
 
-.PHONY: venv demo test bench lint clean
+FUZZ_FRAMES ?= 100000
+
+.PHONY: venv demo test fuzz bench lint clean
 
 venv: $(STAMP)
 
@@ -31,6 +35,11 @@ demo: $(STAMP)
 # would hide pytest's closing "N passed" line.
 test: $(STAMP)
 	$(PY) -m pytest tests -p no:cacheprovider
+
+# Not part of `make test` (which runs the same tests with a few thousand frames): minutes.
+fuzz: $(STAMP)
+	PYC10D_FUZZ_FRAMES=$(FUZZ_FRAMES) $(PY) -m pytest -p no:cacheprovider -s \
+		tests/store/test_store_fuzz.py::test_fuzz_server tests/transport/test_tcp_fuzz.py
 
 bench: $(STAMP)
 	$(PY) -m pyc10d.bench $(BENCH_ARGS)
