@@ -149,7 +149,7 @@ class TCPTransport(FramedTransport):
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         host = _advertised_host(store)
         listener.bind(("127.0.0.1" if host == "127.0.0.1" else "0.0.0.0", 0))
-        listener.listen(self.size)
+        listener.listen(max(self.size, 128))  # room for stray connections beside the peers
         port = listener.getsockname()[1]
         nonce = int.from_bytes(os.urandom(7), "little")
         store.set(f"tcp_addr/{self.rank}", f"{host}:{port}:{nonce}")
