@@ -6,6 +6,8 @@
 #               (installs Debian's openmpi-bin first when mpirun is missing; needs root)
 #   make bench  benchmarks vs torch.distributed's gloo (BENCH_ARGS="..." passes options),
 #               then functional vs in-place collectives (python -m pyc10d.bench.funcol)
+#   make fuzz   100,000 malformed frames at a live TCPStore server (and garbage at the tcp
+#               transport) while good clients keep working; prints frames, time and peak memory
 #   make lint   ruff
 
 PYTHON ?= python3
@@ -14,7 +16,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp
 BENCH_ARGS ?=
 
+<<<<<<< HEAD
 .PHONY: venv demo test test-launchers bench lint clean
+=======
+FUZZ_FRAMES ?= 100000
+
+.PHONY: venv demo test fuzz bench lint clean
+>>>>>>> harden
 
 venv: $(STAMP)
 
@@ -34,11 +42,18 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest tests -p no:cacheprovider
 
+<<<<<<< HEAD
 # Open MPI from Debian when mpirun is absent: without it the real-mpirun tests skip.
 test-launchers: $(STAMP)
 	command -v mpirun >/dev/null || { apt-get update && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y openmpi-bin; }
 	$(PY) -m pytest tests/test_launchers.py tests/test_run.py -p no:cacheprovider
+=======
+# Not part of `make test` (which runs the same tests with a few thousand frames): minutes.
+fuzz: $(STAMP)
+	PYC10D_FUZZ_FRAMES=$(FUZZ_FRAMES) $(PY) -m pytest -p no:cacheprovider -s \
+		tests/store/test_store_fuzz.py::test_fuzz_server tests/transport/test_tcp_fuzz.py
+>>>>>>> harden
 
 bench: $(STAMP)
 	$(PY) -m pyc10d.bench $(BENCH_ARGS)

@@ -6,10 +6,19 @@ daemon thread per connection over a dict guarded by a condition variable, so a b
 get/wait parks its own thread on the condition (no spinning) while other clients are served.
 Wait timeouts are enforced by the server, which answers TIMEOUT; the client's socket
 timeout is only a backstop for a hung server. A dead server surfaces as DistStoreError.
+
+The server trusts nothing it reads: an unknown op code, more than ``MAX_PARTS`` parts, a part
+longer than ``PYC10D_STORE_MAX_BYTES`` (1 GiB) or a frame cut short closes that connection
+alone, with the reason logged on the ``pyc10d`` logger; memory grows with the bytes that
+actually arrive, never with a length that was merely announced. A well-framed request that
+makes no sense (wrong number of parts, a non-integer where a number belongs) gets an error
+reply and the connection stays. With ``PYC10D_AUTH_TOKEN`` set, each connection first passes
+the handshake of ``pyc10d.auth``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import socket
@@ -21,6 +30,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import BinaryIO
 
+from .. import auth
 from ..errors import DistNetworkError, DistStoreError
 from .base import (
     Store,
@@ -33,13 +43,39 @@ from .base import (
 
 _HEAD, _LEN = struct.Struct("!BI"), struct.Struct("!I")
 (_SET, _MGET, _ADD, _CAS, _WAIT, _CHECK, _DELETE, _NUMKEYS, _MSET, _APPEND, _WAITGE) = range(1, 12)
-_OK, _TIMEOUT, _ERROR = 0, 1, 2
+_OK, _TIMEOUT, _ERROR, _AUTH = 0, 1, 2, 3
 _INIT_KEY = b"init/"  # counts joined workers; user keys are "/" + key, as in torch
 _GRACE_S = 30.0  # extra client-side patience beyond a server-enforced timeout
+# Parts per frame: a multi_get/multi_set of this many keys still fits (half as many for a set).
+MAX_PARTS = 1 << 16
+_DEFAULT_MAX_BYTES = 1 << 30
+# Parts longer than this are read a piece at a time, so a length that is announced but never
+# sent costs nothing; shorter ones in one call (BufferedReader allocates the whole size first).
+_PIECE = 1 << 20
+# How many parts each op takes: (fewest, most or None, parts must pair up).
+_SHAPES: dict[int, tuple[int, int | None, bool]] = {
+    _SET: (2, 2, False), _MGET: (1, None, False), _ADD: (2, 2, False), _CAS: (3, 3, False),
+    _WAIT: (1, None, False), _CHECK: (0, None, False), _DELETE: (1, 1, False),
+    _NUMKEYS: (0, 0, False), _MSET: (0, None, True), _APPEND: (2, 2, False),
+    _WAITGE: (3, 3, False),
+}
+_STATUSES = frozenset((_OK, _TIMEOUT, _ERROR, _AUTH))
+
+log = logging.getLogger("pyc10d")
 
 
 class ConnectTimeoutError(DistNetworkError, StoreTimeoutError):
     """No server answered at host:port within the store timeout."""
+
+
+class BadFrame(Exception):
+    """Bytes that break the framing: the reader closes the connection."""
+
+
+def max_part_bytes() -> int:
+    """The longest part a frame may carry: ``PYC10D_STORE_MAX_BYTES``, else 1 GiB."""
+    env = os.environ.get("PYC10D_STORE_MAX_BYTES", "").strip()
+    return int(env) if env else _DEFAULT_MAX_BYTES
 
 
 def _pack(code: int, parts: list[bytes]) -> bytes:
@@ -50,19 +86,51 @@ def _pack(code: int, parts: list[bytes]) -> bytes:
 
 
 def _read_exact(rfile: BinaryIO, n: int) -> bytes:
-    data = rfile.read(n)
-    if data is None or len(data) < n:
-        raise ConnectionError("connection closed by peer")
-    return data
+    pieces, got = [], 0
+    while got < n:
+        piece = rfile.read(min(n - got, _PIECE))
+        if not piece:
+            raise BadFrame(f"frame cut short: {n} bytes announced, {got} came")
+        pieces.append(piece)
+        got += len(piece)
+    return b"".join(pieces) if len(pieces) != 1 else pieces[0]
 
 
-def _read_frame(rfile: BinaryIO) -> tuple[int, list[bytes]]:
-    code, n = _HEAD.unpack(_read_exact(rfile, _HEAD.size))
+def _read_frame(
+    rfile: BinaryIO, max_bytes: int, codes: frozenset[int] | dict[int, object]
+) -> tuple[int, list[bytes]] | None:
+    """One frame, checked against the limits before anything is read into; None at a clean
+    end of stream (between frames). Raises ``BadFrame`` for a code not in ``codes``, too many
+    parts, a part over ``max_bytes`` or a frame cut short."""
+    head = rfile.read(_HEAD.size)
+    if not head:
+        return None
+    if len(head) < _HEAD.size:
+        raise BadFrame(f"frame cut short inside its header ({len(head)} of {_HEAD.size} bytes)")
+    code, n = _HEAD.unpack(head)
+    if code not in codes:
+        raise BadFrame(f"unknown code {code}")
+    if n > MAX_PARTS:
+        raise BadFrame(f"{n} parts announced, at most {MAX_PARTS} allowed")
     parts = []
     for _ in range(n):
         (length,) = _LEN.unpack(_read_exact(rfile, _LEN.size))
+        if length > max_bytes:
+            raise BadFrame(
+                f"a part of {length} bytes announced, at most {max_bytes} allowed "
+                "(PYC10D_STORE_MAX_BYTES)"
+            )
         parts.append(_read_exact(rfile, length))
     return code, parts
+
+
+def _check_shape(code: int, parts: list[bytes]) -> None:
+    fewest, most, paired = _SHAPES[code]
+    n = len(parts)
+    if n < fewest or (most is not None and n > most) or (paired and n % 2):
+        want = f"{fewest}" if most == fewest else f"at least {fewest}" if most is None else (
+            f"{fewest} to {most}")
+        raise ValueError(f"op {code} takes {want}{' (in pairs)' if paired else ''} parts, got {n}")
 
 
 class _Server:
@@ -76,6 +144,8 @@ class _Server:
         self._cond = threading.Condition()
         self._conns: set[socket.socket] = set()
         self._stopped = False
+        self._max_bytes = max_part_bytes()
+        self._secret = auth.token()  # fixed for the server's life, read once like its limits
         threading.Thread(
             target=self._accept_loop, name=f"TCPStore-{self.port}", daemon=True
         ).start()
@@ -83,7 +153,7 @@ class _Server:
     def _accept_loop(self) -> None:
         while True:
             try:
-                conn, _ = self._listener.accept()
+                conn, addr = self._listener.accept()
             except OSError:
                 return  # listener shut down by stop()
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -92,30 +162,82 @@ class _Server:
                     conn.close()
                     return
                 self._conns.add(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, addr), daemon=True).start()
 
-    def _serve(self, conn: socket.socket) -> None:
-        rfile = conn.makefile("rb")
+    def _serve(self, conn: socket.socket, addr: object) -> None:
+        """Answer one client until it leaves; anything malformed ends this connection only."""
+        rfile: BinaryIO | None = None
+        reason = None
         try:
+            if self._secret is not None and not self._authenticate(conn, self._secret, addr):
+                return
+            rfile = conn.makefile("rb")
             while True:
-                code, parts = _read_frame(rfile)
+                frame = _read_frame(rfile, self._max_bytes, _SHAPES)
+                if frame is None:
+                    return  # the client closed between requests
+                code, parts = frame
                 try:
+                    _check_shape(code, parts)
                     reply = self._handle(code, parts)
                 except (ValueError, IndexError) as e:  # malformed request or non-integer add
                     reply = _pack(_ERROR, [f"TCPStore server: bad request ({e})".encode()])
                 conn.sendall(reply)
+        except BadFrame as e:
+            reason = str(e)
         except (OSError, struct.error):
             pass  # client went away (or we are stopping): drop the connection
+        except Exception as e:  # noqa: BLE001 - one client's request must not end the server
+            reason = f"internal error on its request: {type(e).__name__}: {e}"
         finally:
             with self._cond:
                 self._conns.discard(conn)
-            rfile.close()
+                stopped = self._stopped
+            if reason is not None and not stopped:
+                log.warning("TCPStore server on port %d: closed the connection from %s: %s",
+                            self.port, _addr(addr), reason)
+            if rfile is not None:
+                rfile.close()
             conn.close()
+
+    def _authenticate(self, conn: socket.socket, secret: bytes, addr: object) -> bool:
+        """Run the ``PYC10D_AUTH_TOKEN`` handshake; False (logged) if the client fails it."""
+        conn.settimeout(auth.HANDSHAKE_TIMEOUT_S)
+        try:
+            auth.server_handshake(conn, secret)
+        except (auth.AuthError, OSError) as e:
+            with self._cond:
+                stopped = self._stopped
+            if not stopped:
+                log.warning("TCPStore server on port %d: refused the connection from %s: "
+                            "authentication failed: %s", self.port, _addr(addr), e)
+            if isinstance(e, auth.NotAuthenticating):
+                # A client without the token speaks the plain protocol: answer in it, so that
+                # it raises an error saying why instead of "connection closed".
+                self._refuse(conn)
+            return False
+        conn.settimeout(None)
+        return True
+
+    @staticmethod
+    def _refuse(conn: socket.socket) -> None:
+        msg = b"TCPStore server: authentication failed: this server requires PYC10D_AUTH_TOKEN"
+        try:
+            conn.sendall(_pack(_AUTH, [msg]))
+            conn.shutdown(socket.SHUT_WR)
+            # Read what the client already sent (closing with unread bytes would reset the
+            # connection and could discard the answer before the client reads it); bounded.
+            conn.settimeout(1.0)
+            for _ in range(16):
+                if not conn.recv(65536):
+                    break
+        except OSError:
+            pass
 
     def _await(self, pred: Callable[[], bool], ms: bytes) -> bool:
         """Park this connection's thread until ``pred()`` holds; False on timeout."""
         limit = int(ms)
-        wait_s = None if limit < 0 else limit / 1000
+        wait_s = None if limit < 0 else min(limit / 1000, threading.TIMEOUT_MAX)
         ok = self._cond.wait_for(lambda: self._stopped or pred(), wait_s)
         if self._stopped:
             raise ConnectionAbortedError("server stopping")
@@ -149,14 +271,12 @@ class _Server:
             elif code == _ADD:
                 data[p[0]] = new = str(int(data.get(p[0], b"0")) + int(p[1])).encode()
                 reply = [new]
-            elif code == _CAS:
+            else:  # _CAS: _read_frame let no other code through
                 cur = data.get(p[0])
                 if (cur is None and p[1] != b"") or (cur is not None and cur != p[1]):
                     return _pack(_OK, [p[1] if cur is None else cur])
                 data[p[0]] = p[2]
                 reply = [p[2]]
-            else:
-                return _pack(_ERROR, [b"unknown TCPStore op %d" % code])
             self._cond.notify_all()
             return _pack(_OK, reply)
 
@@ -304,8 +424,20 @@ class TCPStore(Store):
                 last = e
             time.sleep(delay if left is None else max(0.0, min(delay, left)))
             delay = min(delay * 2, 1.0)
-        sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        secret = auth.token()
+        if secret is not None:
+            left = None if deadline is None else deadline - time.monotonic()
+            sock.settimeout(max(1.0, min(left or auth.HANDSHAKE_TIMEOUT_S, auth.HANDSHAKE_TIMEOUT_S)))
+            try:
+                auth.client_handshake(sock, secret)
+            except (auth.AuthError, OSError) as e:
+                sock.close()
+                raise auth.AuthError(
+                    f"TCPStore: authentication with the server at {self._host}:{self._port} "
+                    f"failed: {e}"
+                ) from e
+        sock.settimeout(None)
         return sock
 
     def _wait_for_workers(self, world_size: int) -> None:
@@ -331,18 +463,34 @@ class TCPStore(Store):
                     self._sock.settimeout(limit)
                     self._sock_timeout = limit
                 self._sock.sendall(_pack(code, parts))
-                status, out = _read_frame(self._rfile)
-            except (OSError, struct.error) as e:
-                self._broken = (
+                frame = _read_frame(self._rfile, max_part_bytes(), _STATUSES)
+                if frame is None:
+                    raise ConnectionResetError("connection closed by the server")
+                status, out = frame
+                if status == _AUTH:
+                    raise auth.AuthError(
+                        f"TCPStore at {self._host}:{self._port}: "
+                        f"{b''.join(out).decode(errors='replace')}"
+                    )
+            except auth.AuthError as e:
+                self._give_up(str(e))
+                raise
+            except (OSError, BadFrame) as e:
+                self._give_up(
                     f"TCPStore lost its connection to the server at {self._host}:{self._port} "
                     f"({type(e).__name__}: {e}); the server is gone or unreachable"
                 )
-                self._rfile.close()
-                self._sock.close()
                 raise DistStoreError(self._broken) from e
         if status == _ERROR:
-            raise DistStoreError(out[0].decode(errors="replace"))
+            raise DistStoreError(b"".join(out).decode(errors="replace"))
         return status, out
+
+    def _give_up(self, why: str) -> None:
+        """Under the lock: close the connection; every later call raises ``why``."""
+        assert self._sock is not None and self._rfile is not None
+        self._broken = why
+        self._rfile.close()
+        self._sock.close()
 
     def _ok(self, code: int, parts: list[bytes]) -> list[bytes]:
         return self._call(code, parts, timeout_seconds(self._timeout))[1]
@@ -414,6 +562,12 @@ class TCPStore(Store):
     def __repr__(self) -> str:
         server = f"TCPServer(port={self._port})" if self._server is not None else "<nullptr>"
         return f"TCPStore(client=TCPClient({self._host}:{self._port}), server={server})"
+
+
+def _addr(addr: object) -> str:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        return f"{addr[0]}:{addr[1]}"
+    return str(addr)
 
 
 def _k(key: str) -> bytes:

@@ -6,10 +6,17 @@ kinds, ``send``/``irecv``/``abort`` and the receive pump that matches data frame
 posted receives (reading straight into the destination when the receive came first) and
 handles the control frames (a peer's abort, a peer's goodbye). A transport supplies
 ``_send`` (write one frame) and, to its receiver threads, a ``read`` function.
+
+Every header is checked before its payload is read or allocated: an unknown kind, a control
+frame over ``MAX_CONTROL_BYTES`` or a data frame over ``PYC10D_MAX_MESSAGE_BYTES`` (64 GiB)
+means the stream can no longer be trusted, so that peer is dropped (``_drop``) and marked lost
+with the reason, which is logged; the other peers carry on.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import struct
 from collections.abc import Callable
 
@@ -18,9 +25,34 @@ from .base import Mailbox, RecvHandle, Transport, abort_error, lost_error
 from .pool import POOL_MIN
 
 KIND_DATA, KIND_ABORT, KIND_BYE = 0, 1, 2
+_KINDS = (KIND_DATA, KIND_ABORT, KIND_BYE)
+# An abort carries a reason, a goodbye nothing: anything longer is not one of ours.
+MAX_CONTROL_BYTES = 64 * 1024
+_DEFAULT_MAX_MESSAGE = 1 << 36
 # Seconds the pump holds a large message for its receive to be posted (see ``_pump``).
 WAIT_FOR_POST = 0.01
 _NO_PAYLOAD = memoryview(b"")
+log = logging.getLogger("pyc10d")
+
+
+def max_message_bytes() -> int:
+    """The largest message a peer may announce: ``PYC10D_MAX_MESSAGE_BYTES``, else 64 GiB."""
+    env = os.environ.get("PYC10D_MAX_MESSAGE_BYTES", "").strip()
+    return int(env) if env else _DEFAULT_MAX_MESSAGE
+
+
+class BadFrame(DistNetworkError):
+    """A peer sent a frame no pyc10d rank sends; its stream is dropped."""
+
+
+def check_header(kind: int, nbytes: int, max_message: int) -> None:
+    """Raise ``BadFrame`` unless a frame of ``kind`` may carry ``nbytes`` of payload."""
+    if kind not in _KINDS:
+        raise BadFrame(f"it sent a frame of unknown kind {kind}")
+    limit = max_message if kind == KIND_DATA else MAX_CONTROL_BYTES
+    if nbytes > limit:
+        what = "message" if kind == KIND_DATA else "control frame"
+        raise BadFrame(f"it announced a {what} of {nbytes} bytes, over the limit of {limit}")
 
 
 class FramedTransport(Transport):
@@ -54,17 +86,22 @@ class FramedTransport(Transport):
         except Exception:  # noqa: BLE001 - best effort at shutdown
             pass
 
+    def _drop(self, peer: int) -> None:
+        """Stop talking to ``peer`` after it sent garbage (tcp: shut its socket down)."""
+
     def _pump(self, peer: int, read: Callable[[memoryview, bool], None]) -> None:
         """Receive frames from ``peer`` until it leaves; ``read(view, is_payload)`` fills ``view``."""
         header = bytearray(self.HEADER.size)
         hview = memoryview(header)
         box = self.mailbox
         handle: RecvHandle | None = None  # the receive being filled: failed if the peer goes
+        max_message = max_message_bytes()
         try:
             while True:
                 handle = None
                 read(hview, False)
                 channel, nbytes, meta, kind = self.HEADER.unpack(header)
+                check_header(kind, nbytes, max_message)
                 if kind != KIND_DATA:
                     payload = bytearray(nbytes)
                     read(memoryview(payload), True)
@@ -93,8 +130,20 @@ class FramedTransport(Transport):
                     box.pool.release(payload)
                 else:
                     box.arrived(peer, channel, payload, meta)
-        except (OSError, DistNetworkError) as e:
-            if not self._closing:
+        except Exception as e:  # noqa: BLE001 - whatever breaks the stream loses this peer only
+            if self._closing:
+                pass
+            elif isinstance(e, BadFrame):
+                self._refuse(peer, str(e))
+            elif isinstance(e, (OSError, DistNetworkError)):  # the peer left or died
                 box.peer_lost(peer, e if isinstance(e, DistNetworkError) else str(e))
+            else:  # e.g. no memory for the message
+                self._refuse(peer, f"receiving from it failed: {type(e).__name__}: {e}")
             if handle is not None and not handle.done():  # the peer went mid-message
                 handle.fail(box.dead.get(peer) or lost_error(peer, str(e)))
+
+    def _refuse(self, peer: int, reason: str) -> None:
+        why = f"rank {self.rank} dropped its connection to rank {peer}: {reason}"
+        log.warning("%s", why)
+        self._drop(peer)
+        self.mailbox.peer_lost(peer, DistNetworkError(why))

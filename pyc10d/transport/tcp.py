@@ -13,13 +13,16 @@ posted before the data came, the payload is read straight into the destination b
 
 from __future__ import annotations
 
+import logging
 import os
+import queue
 import socket
 import struct
 import threading
 import time
 from datetime import timedelta
 
+from .. import auth
 from ..errors import DistNetworkError, DistTimeoutError
 from ..store.base import Store
 from .base import Mailbox
@@ -29,6 +32,11 @@ from .netif import advertised_address
 _HEADER = struct.Struct("<QQII")
 _HELLO = struct.Struct("<Iq")
 _SMALL = 64 * 1024
+# A connection to a rank's listener has this long to authenticate and say hello.
+HELLO_TIMEOUT_S = auth.HANDSHAKE_TIMEOUT_S
+# Connections vetted at once; more are refused (each holds a thread until it passes or fails).
+_MAX_PENDING = 512
+log = logging.getLogger("pyc10d")
 # Large payloads go into and out of the kernel this many bytes per system call. Measured on
 # loopback (one 64 MiB message, 2 cores): 512 KiB calls on both sides took 11-15 ms where
 # one call for the whole message took 24-27 ms; 1 MiB calls 20-22 ms. Small calls keep the
@@ -121,6 +129,7 @@ class TCPTransport(FramedTransport):
         self._send_locks = [threading.Lock() for _ in range(size)]
         self._threads: list[threading.Thread] = []
         self._closing = False
+        self._secret = auth.token()
         if size > 1:
             self._connect(store, timeout.total_seconds())
 
@@ -130,11 +139,12 @@ class TCPTransport(FramedTransport):
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         host = _advertised_host(store, self.rank)
         listener.bind(("127.0.0.1" if host == "127.0.0.1" else "0.0.0.0", 0))
-        listener.listen(self.size)
+        listener.listen(max(self.size, 128))  # room for stray connections beside the peers
         port = listener.getsockname()[1]
         nonce = int.from_bytes(os.urandom(7), "little")
         store.set(f"tcp_addr/{self.rank}", f"{host}:{port}:{nonce}")
         deadline = time.monotonic() + timeout
+        secret = self._secret
         for peer in range(self.rank):
             key = f"tcp_addr/{peer}"
             # Wait under the group's timeout, not the store's (an explicit store keeps its own,
@@ -148,35 +158,21 @@ class TCPTransport(FramedTransport):
                 ) from e
             h, p, peer_nonce = store.get(key).decode().rsplit(":", 2)
             sock = self._dial(h, int(p), deadline)
+            if secret is not None:
+                try:
+                    auth.client_handshake(sock, secret)
+                except (auth.AuthError, OSError) as e:
+                    sock.close()
+                    raise auth.AuthError(
+                        f"tcp transport: rank {self.rank} failed to authenticate with rank {peer} "
+                        f"at {h}:{p}: {e}"
+                    ) from e
             sock.sendall(_HELLO.pack(self.rank, int(peer_nonce)))
             # create_connection's timeout would stay on the socket: the receive loop would then
             # take any idle spell longer than it for a lost peer. Block, as accepted sockets do.
             sock.settimeout(None)
             self._socks[peer] = sock
-        expected = self.size - 1 - self.rank
-        listener.settimeout(1.0)
-        while expected:
-            if time.monotonic() > deadline:
-                missing = [r for r in range(self.rank + 1, self.size) if self._socks[r] is None]
-                raise DistNetworkError(
-                    f"tcp transport: rank {self.rank} timed out after {timeout:.0f}s waiting for "
-                    f"connections from ranks {missing}"
-                )
-            try:
-                sock, _ = listener.accept()
-            except TimeoutError:
-                continue
-            sock.settimeout(timeout)
-            buf = bytearray(_HELLO.size)
-            _recv_exact(sock, memoryview(buf))
-            peer, got_nonce = _HELLO.unpack(buf)
-            sock.settimeout(None)
-            if got_nonce != nonce or not (self.rank < peer < self.size) or self._socks[peer]:
-                sock.close()
-                continue
-            self._socks[peer] = sock
-            expected -= 1
-        listener.close()
+        self._accept_peers(listener, nonce, deadline, timeout)
         local = [sock is not None and _is_local(sock) for sock in self._socks]
         ranks_on_host = 1 + sum(local)
         for peer, sock in enumerate(self._socks):
@@ -189,6 +185,106 @@ class TCPTransport(FramedTransport):
             )
             t.start()
             self._threads.append(t)
+
+    def _accept_peers(self, listener: socket.socket, nonce: int, deadline: float,
+                      timeout: float) -> None:
+        """Take one vetted connection from each higher rank, then close the listener.
+
+        Anyone can connect to the listener, so each connection is vetted on its own short-lived
+        thread (authentication if a token is set, then the hello: the nonce this rank published
+        and a rank that belongs here), bounded by ``HELLO_TIMEOUT_S``: a silent or garbage
+        connection is closed with a logged reason and never delays the real peers. A second
+        connection claiming a rank that already has one is refused the same way.
+        """
+        vetted: queue.SimpleQueue[tuple[int, socket.socket, str]] = queue.SimpleQueue()
+        lock = threading.Lock()
+        pending: set[socket.socket] = set()
+        finished = False
+
+        def refuse(sock: socket.socket, who: str, reason: str) -> None:
+            with lock:
+                pending.discard(sock)
+                quiet = finished
+            if not quiet:
+                log.warning("tcp transport: rank %d refused the connection from %s: %s",
+                            self.rank, who, reason)
+            sock.close()
+
+        def vet(sock: socket.socket, who: str) -> None:
+            try:
+                sock.settimeout(max(min(HELLO_TIMEOUT_S, deadline - time.monotonic()), 0.1))
+                if self._secret is not None:
+                    auth.server_handshake(sock, self._secret)
+                buf = bytearray(_HELLO.size)
+                _recv_exact(sock, memoryview(buf))
+            except (OSError, auth.AuthError) as e:
+                what = "authentication failed: " if isinstance(e, auth.AuthError) else ""
+                refuse(sock, who, f"{what}{e or type(e).__name__}")
+                return
+            peer, got_nonce = _HELLO.unpack(buf)
+            if got_nonce != nonce:
+                refuse(sock, who, "its hello does not carry the nonce this rank published")
+            elif not self.rank < peer < self.size:
+                refuse(sock, who, f"it claims rank {peer}, expected one of "
+                                  f"{self.rank + 1}..{self.size - 1}")
+            else:
+                sock.settimeout(None)
+                with lock:
+                    pending.discard(sock)
+                    if not finished:
+                        vetted.put((peer, sock, who))
+                        return
+                sock.close()
+
+        def accept_loop() -> None:
+            while True:
+                try:
+                    sock, addr = listener.accept()
+                except OSError:
+                    return  # the listener was shut down: every peer is in
+                who = f"{addr[0]}:{addr[1]}"
+                with lock:
+                    crowded = len(pending) >= _MAX_PENDING
+                    if not crowded:
+                        pending.add(sock)
+                if crowded:
+                    refuse(sock, who, f"{_MAX_PENDING} connections are being vetted already")
+                    continue
+                threading.Thread(target=vet, args=(sock, who), daemon=True,
+                                 name=f"pyc10d-tcp-vet-{self.rank}").start()
+
+        acceptor = threading.Thread(target=accept_loop, daemon=True,
+                                    name=f"pyc10d-tcp-accept-{self.rank}")
+        acceptor.start()
+        try:
+            expected = self.size - 1 - self.rank
+            while expected:
+                try:
+                    peer, sock, who = vetted.get(timeout=max(deadline - time.monotonic(), 0.0))
+                except queue.Empty:
+                    missing = [r for r in range(self.rank + 1, self.size) if self._socks[r] is None]
+                    raise DistNetworkError(
+                        f"tcp transport: rank {self.rank} timed out after {timeout:.0f}s waiting "
+                        f"for connections from ranks {missing}"
+                    ) from None
+                if self._socks[peer] is not None:
+                    refuse(sock, who, f"rank {peer} is connected already")
+                    continue
+                self._socks[peer] = sock
+                expected -= 1
+        finally:
+            with lock:
+                finished = True
+                stragglers = list(pending)
+            for sock in (listener, *stragglers):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes accept() and the vetting threads
+                except OSError:
+                    pass
+            listener.close()
+            acceptor.join(timeout=1.0)
+            while not vetted.empty():
+                vetted.get()[1].close()
 
     def _dial(self, host: str, port: int, deadline: float) -> socket.socket:
         delay = 0.01
@@ -223,6 +319,14 @@ class TCPTransport(FramedTransport):
 
     def _receive_loop(self, peer: int, sock: socket.socket) -> None:
         self._pump(peer, lambda view, _payload: _recv_exact(sock, view))
+
+    def _drop(self, peer: int) -> None:
+        sock = self._socks[peer]
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # the peer sees the end; our sends fail at once
+            except OSError:
+                pass
 
     # -- failure and shutdown -----------------------------------------------------------
     def is_alive(self, peer: int) -> bool:
