@@ -230,7 +230,7 @@ class Engine:
                 comm.fingerprint = fp
                 fn(comm)
             except BaseException as e:  # noqa: BLE001 - handed to the waiter
-                error = self._explain_timeout(e, work)
+                error = self._explain_failure(e, work)
                 self._fail_group(error)
             finally:
                 self._running_op = None
@@ -239,8 +239,9 @@ class Engine:
                     self._pending -= 1
         work._finish(error)
 
-    def _explain_timeout(self, error: BaseException, work: Work) -> BaseException:
-        """A timeout names the ranks that never entered the operation, when it can tell."""
+    def _explain_failure(self, error: BaseException, work: Work) -> BaseException:
+        """A timeout names the ranks that never entered the operation, when it can tell (a
+        backend may add what it knows, e.g. which hosts are gone)."""
         if not isinstance(error, DistTimeoutError) or self.progress_store is None:
             return error
         try:
@@ -260,6 +261,12 @@ class Engine:
 
     def _run_sync(self, opname: str, fn: Callable[[Comm], Any], outputs: Any, opts: Any = None) -> Work:
         return self._submit(opname, fn, outputs, opts, sync=True)
+
+    def derive(self, ranks: list[int], rank: int, group_name: str, options: Options) -> Engine:
+        """The engine of a subgroup of this group (``ranks``: ranks of this group; ``rank``:
+        this process's rank in the subgroup) that shares this engine's transport, so that a
+        ``new_group`` costs no new connections. A backend that composes engines overrides it."""
+        return type(self)(self.transport, [self.ranks[r] for r in ranks], rank, group_name, options)
 
     # -- point to point ---------------------------------------------------------------------
     def _p2p_channel(self, tag: int) -> int:
