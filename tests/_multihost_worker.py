@@ -36,8 +36,10 @@ def _families(rank: int, ws: int, names: list[str]) -> int:
     count = 0
     for name in names:
         fn, patches = FAMILIES[name]
+        start = time.monotonic()
         with patched(patches):
             count += fn(rank, ws)
+        print(f"rank {rank}: {name} took {time.monotonic() - start:.1f}s", flush=True)
     return count
 
 

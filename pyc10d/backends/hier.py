@@ -292,15 +292,20 @@ class HierBackend(Backend):
         super()._fail_group(error)
 
     def _explain_failure(self, error: BaseException, work: Work) -> BaseException:
+        """Say which collective failed when a step did (``allreduce (hierarchical): broadcast:
+        ...``) and which hosts' connections are gone."""
         error = super()._explain_failure(error, work)
+        text = str(error)
+        if not text.startswith(work.opname):
+            text = f"{work.opname} (hierarchical, group {self.group_name!r}): {text}"
         dead = self._lost_ranks(error)
-        if not dead:
-            return error
-        text = self.layout.describe_lost(dead)
-        if text in str(error):
+        lost = self.layout.describe_lost(dead) if dead else ""
+        if lost and lost not in text:
+            text = f"{text} [connection lost to {lost}]"
+        if text == str(error):
             return error
         try:
-            return type(error)(f"{error} [connection lost to {text}]")
+            return type(error)(text)
         except Exception:  # noqa: BLE001 - an error type with another constructor: keep it as is
             return error
 
