@@ -127,3 +127,18 @@ def test_dead_host_is_named(hosts: Hosts, tmp_path: Path) -> None:
         assert not reports[r]["ok"]
         assert "host 'h1' (ranks 2, 3)" in reports[r]["error"], reports[r]["error"]
     assert took < 10, took
+
+
+@pytest.mark.timeout(45)
+def test_benchmark_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m pyc10d.bench.multihost`` at a tiny scale: a JSON record for both backends."""
+    from pyc10d.bench import multihost
+
+    multihost.main(["--sizes", "8,64K", "--scale", "0.05", "--rounds", "1", "--out", str(tmp_path)])
+    [path] = tmp_path.glob("multihost-*.json")
+    record = json.loads(path.read_text())
+    assert record["chosen"] == {"auto": "hier", "tcp": "tcp"}
+    assert [row["bytes"] for row in record["best"]["auto"]] == [8, 64 << 10]
+    assert all(row["seconds"] > 0 for rows in record["best"].values() for row in rows)
+    assert record["shaping"]["delay_ms"] == 1.0 or "sch_netem" in record["shaping"]["note"]
+    assert "auto chose hier" in capsys.readouterr().out
