@@ -215,7 +215,7 @@ def _new_group_with_tag(
     world_engine = default._get_backend()
     if isinstance(world_engine, Engine) and Backend.resolve(backend_name) == Backend.resolve(world.backend_name):
         options = Options(timeout)
-        engine = type(world_engine)(world_engine.transport, ranks, group_rank, name, options)
+        engine = world_engine.derive(ranks, group_rank, name, options)
     else:
         engine = make_engine(backend_name, PrefixStore(f"{name}/", world.default_store), group_rank,
                              len(ranks), timeout, name)

@@ -18,7 +18,8 @@ import torch
 
 from .backends import Options
 from .backends.fake import FakeBackend
-from .backends.shm import ShmBackend, create_auto
+from .backends.hier import create_auto, create_hier
+from .backends.shm import ShmBackend
 from .backends.tcp import Backend as _Engine
 from .backends.tcp import TCPBackend
 from .backends.threaded import ThreadedBackend
@@ -84,7 +85,8 @@ def register_factory(name: str, factory: Callable[[Store, int, int, timedelta, s
 register_factory("threaded", ThreadedBackend.create)
 register_factory("fake", FakeBackend.create)
 register_factory("shm", ShmBackend.create)
-register_factory("auto", create_auto)  # the default: shm when all ranks share this host
+register_factory("hier", create_hier)  # shm within each host, tcp between hosts' leaders
+register_factory("auto", create_auto)  # the default: shm on one host, hier across hosts, else tcp
 
 
 def make_engine(backend: str, store: Store, rank: int, size: int, timeout: timedelta, name: str) -> Any:

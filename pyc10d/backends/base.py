@@ -238,7 +238,7 @@ class Engine:
             except BaseException as e:  # noqa: BLE001 - handed to the waiter
                 if work._trace is not None:
                     FlightRecorder.ended(work._trace, False)
-                error = self._with_trace(self._explain_timeout(self._annotate(e, work), work))
+                error = self._with_trace(self._explain_failure(self._annotate(e, work), work))
                 self._fail_group(error)
             finally:
                 self._running_op = None
@@ -267,8 +267,9 @@ class Engine:
         annotated.__cause__ = error.__cause__
         return annotated
 
-    def _explain_timeout(self, error: BaseException, work: Work) -> BaseException:
-        """A timeout names the ranks that never entered the operation, when it can tell."""
+    def _explain_failure(self, error: BaseException, work: Work) -> BaseException:
+        """A timeout names the ranks that never entered the operation, when it can tell (a
+        backend may add what it knows, e.g. which hosts are gone)."""
         if not isinstance(error, DistTimeoutError) or self.progress_store is None:
             return error
         try:
@@ -301,6 +302,12 @@ class Engine:
 
     def _run_sync(self, opname: str, fn: Callable[[Comm], Any], outputs: Any, opts: Any = None) -> Work:
         return self._submit(opname, fn, outputs, opts, sync=True)
+
+    def derive(self, ranks: list[int], rank: int, group_name: str, options: Options) -> Engine:
+        """The engine of a subgroup of this group (``ranks``: ranks of this group; ``rank``:
+        this process's rank in the subgroup) that shares this engine's transport, so that a
+        ``new_group`` costs no new connections. A backend that composes engines overrides it."""
+        return type(self)(self.transport, [self.ranks[r] for r in ranks], rank, group_name, options)
 
     # -- point to point ---------------------------------------------------------------------
     def _p2p_channel(self, tag: int) -> int:

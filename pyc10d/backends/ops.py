@@ -62,8 +62,7 @@ class CollectiveOps(Engine):
         premultiply(acc, red)
         for h in hs[1:]:
             reduce_into(acc, premultiply(h.clone(), red), red)
-        acc_flat = flat(acc)
-        algo.select("allreduce", comm.size, _nbytes(acc))(comm, acc_flat, red)
+        self._allreduce_flat(comm, flat(acc), red)
         finish(acc, red, comm.size * len(hs))
         for h, t in zip(hs, tensors):
             if h is not acc:
@@ -88,7 +87,7 @@ class CollectiveOps(Engine):
         def run(comm: algo.Comm) -> None:
             packed = torch.cat([t.detach().reshape(-1).cpu() for t in tensors]) if tensors else None
             premultiply(packed, red)
-            algo.select("allreduce", comm.size, _nbytes(packed))(comm, packed, red)
+            self._allreduce_flat(comm, packed, red)
             finish(packed, red, comm.size)
             offset = 0
             for t in tensors:
@@ -144,6 +143,10 @@ class CollectiveOps(Engine):
         return self._submit("reduce", run, tensors, opts, _sync, red=red, root=root_rank)
 
     # -- the algorithm hooks a transport-specific backend may replace --------------------
+    def _allreduce_flat(self, comm: algo.Comm, t: torch.Tensor, red: ReduceOp) -> None:
+        """Reduce the contiguous, premultiplied ``t`` across ranks in place (the caller finishes AVG)."""
+        algo.select("allreduce", comm.size, _nbytes(t))(comm, t, red)
+
     def _broadcast_flat(self, comm: algo.Comm, t: torch.Tensor, root: int) -> None:
         algo.select("broadcast", comm.size, _nbytes(t))(comm, t, root)
 

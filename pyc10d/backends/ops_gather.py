@@ -33,18 +33,23 @@ def _gather_into(comm: algo.Comm, out: torch.Tensor, inp: torch.Tensor) -> None:
     algo.select("allgather", comm.size, _nbytes(inp))(comm, blocks)
 
 
-def _reduce_scatter_into(comm: algo.Comm, out: torch.Tensor, inp: torch.Tensor, red: Any) -> None:
-    """Reduce-scatter the contiguous ``inp`` (n blocks) into ``out`` (one block)."""
-    n = out.numel()
-    blocks = list(flat(inp).split(n)) if n else [flat(inp)[:0]] * comm.size
-    algo.select("reduce_scatter", comm.size, _nbytes(out))(comm, blocks, flat(out), red)
-    finish(out, red, comm.size)
-
-
 class GatherOps(Engine):
     def _gather_into(self, comm: algo.Comm, out: torch.Tensor, inp: torch.Tensor) -> None:
         """The all-gather step of every all_gather variant (a backend may override it)."""
         _gather_into(comm, out, inp)
+
+    def _reduce_scatter_blocks(self, comm: algo.Comm, blocks: list[torch.Tensor], out: torch.Tensor, red: Any) -> None:
+        """The exchange step of both reduce_scatter variants: ``out`` (flat) gets block
+        ``comm.rank`` reduced over the ranks' ``blocks`` (the caller finishes AVG)."""
+        algo.select("reduce_scatter", comm.size, _nbytes(out))(comm, blocks, out, red)
+
+    def _gather_to(self, comm: algo.Comm, inp: torch.Tensor, outs: list[torch.Tensor] | None, root: int) -> None:
+        """The step of gather: ``outs`` (on ``root`` only) get every rank's ``inp``."""
+        algo.gather_direct(comm, inp, outs, root)
+
+    def _scatter_from(self, comm: algo.Comm, ins: list[torch.Tensor] | None, out: torch.Tensor, root: int) -> None:
+        """The step of scatter: ``out`` gets this rank's block of ``ins`` (given on ``root``)."""
+        algo.scatter_direct(comm, ins, out, root)
 
     def _alltoall_blocks(self, comm: algo.Comm, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
         """The exchange step of both all_to_all variants (a backend may override it)."""
@@ -154,7 +159,7 @@ class GatherOps(Engine):
 
         def run(comm: algo.Comm) -> None:
             houts = [host(o) for o in outs] if outs is not None else None
-            algo.gather_direct(comm, host(inp), houts, root_rank)
+            self._gather_to(comm, host(inp), houts, root_rank)
             if outs is not None:
                 for o, h in zip(outs, houts):
                     writeback(o, h)
@@ -183,7 +188,7 @@ class GatherOps(Engine):
 
         def run(comm: algo.Comm) -> None:
             h = host(out)
-            algo.scatter_direct(comm, [host(i) for i in ins] if ins is not None else None, h, root_rank)
+            self._scatter_from(comm, [host(i) for i in ins] if ins is not None else None, h, root_rank)
             writeback(out, h)
 
         return self._submit("scatter", run, list(output_tensors), opts, _sync, root=root_rank)
@@ -207,7 +212,7 @@ class GatherOps(Engine):
             for b in blocks:
                 premultiply(b, red)
             h = host(out)
-            algo.select("reduce_scatter", comm.size, _nbytes(h))(comm, blocks, flat(h), red)
+            self._reduce_scatter_blocks(comm, blocks, flat(h), red)
             finish(h, red, comm.size)
             writeback(out, h)
 
@@ -234,7 +239,10 @@ class GatherOps(Engine):
         if red.op.name == "PREMUL_SUM":
             hin = premultiply(hin.clone(), red)
         h = host(output)
-        _reduce_scatter_into(comm, h, hin, red)
+        n = h.numel()
+        blocks = list(flat(hin).split(n)) if n else [flat(hin)[:0]] * comm.size
+        self._reduce_scatter_blocks(comm, blocks, flat(h), red)
+        finish(h, red, comm.size)
         writeback(output, h)
 
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: ReduceScatterOptions | None = None, _sync: bool = False) -> Work:

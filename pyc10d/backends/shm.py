@@ -1,4 +1,4 @@
-"""The shared-memory backend (``backend="shm"``) and the ``"auto"`` choice between shm and tcp.
+"""The shared-memory backend (``backend="shm"``) and the host identity ``"auto"`` groups ranks by.
 
 ``ShmBackend`` is the collective engine over a ``ShmTransport``: every collective works
 through the transport's rings with the generic algorithms, and the hot ones run on the
@@ -37,7 +37,7 @@ from ..transport.shm_segment import available as shm_dir_available
 from ..types import RedOpType
 from .base import Options
 from .staging import flat, host, writeback
-from .tcp import Backend, TCPBackend
+from .tcp import Backend
 
 _NAME_BYTES = 128
 #: One rank's slot in bytes; None picks ``slot_bytes``'s default. Tests set it tiny to force
@@ -235,13 +235,3 @@ def host_identity() -> str:
         boot = "?"
     return f"{socket.gethostname()}/{boot}/{os.stat('/dev/shm').st_dev}"
 
-
-def create_auto(store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> Any:
-    """``backend="auto"``: shm when every rank of the group is on this host, else tcp."""
-    store.set(f"auto/host/{rank}", host_identity())
-    keys = [f"auto/host/{p}" for p in range(size)]
-    store.wait(keys, timeout)
-    hosts = set(store.multi_get(keys))
-    if len(hosts) == 1 and size > 1:
-        return ShmBackend.create(store, rank, size, timeout, group_name)
-    return TCPBackend.create(store, rank, size, timeout, group_name)

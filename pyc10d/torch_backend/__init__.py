@@ -2,7 +2,7 @@
 
 Importing this module registers three backends with ``torch.distributed.Backend``:
 
-* ``"pyc10d"``: shm when every rank of the group is on this host, else tcp (pyc10d's ``auto``);
+* ``"pyc10d"``: pyc10d's ``auto`` (shm on one host, hier across hosts, else tcp);
 * ``"pyc10d_shm"``: shared memory between the ranks of one host;
 * ``"pyc10d_tcp"``: TCP connections between the ranks (multi-host capable).
 

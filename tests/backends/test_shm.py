@@ -315,5 +315,17 @@ def _auto(rank: int, ws: int, store_path: str, split: bool) -> str:
 
 @pytest.mark.parametrize("split", [False, True], ids=["one-host", "two-hosts"])
 def test_auto_is_the_default(tmp_path, split: bool) -> None:  # noqa: ANN001
+    """One host: shm; ranks 0 and 2 on one host, rank 1 on another: hierarchical."""
     res = run_ranks("shm", 3, _auto, str(tmp_path / "store"), split, init=False)
-    assert res == (["tcp"] * 3 if split else ["shm"] * 3)
+    assert res == (["hier"] * 3 if split else ["shm"] * 3)
+
+
+def _auto_alone(rank: int, ws: int, store_path: str) -> str:
+    from pyc10d.backends import shm
+
+    shm.host_identity = lambda: f"host-{rank}/boot/0"
+    return _auto(rank, ws, store_path, False)
+
+
+def test_auto_one_rank_per_host_is_tcp(tmp_path) -> None:  # noqa: ANN001
+    assert run_ranks("shm", 2, _auto_alone, str(tmp_path / "store"), init=False) == ["tcp", "tcp"]

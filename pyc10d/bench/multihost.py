@@ -1,0 +1,170 @@
+"""``python -m pyc10d.bench.multihost``: all_reduce across namespace hosts, hierarchical vs flat tcp.
+
+Builds ``--hosts`` hosts (``pyc10d.testing.hosts``; needs root) with ``--ranks-per-host``
+ranks each, shapes the links between them (``--delay-ms`` one-way netem delay, or when the
+kernel has no ``sch_netem`` a ``--rate`` limit with tbf, recorded in the JSON), and times
+all_reduce (float32, SUM) on ``auto`` (which picks the hierarchical backend) and on ``tcp``
+(the flat ring). Per size: a few warm-up calls, a barrier, then K calls back to back; a
+rank's figure is its elapsed time / K, the reported one the maximum over ranks (the slowest
+rank bounds a synchronous step). Writes ``<out>/multihost-<time>.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pyc10d.bench.metrics import MIB, format_size, parse_size
+
+PORT = 29400
+
+
+def _iters(nbytes: int, scale: float) -> int:
+    """K: many calls for small messages, a few for large ones (bounded run time)."""
+    k = 200 if nbytes <= 64 << 10 else 40 if nbytes <= 2 * MIB else 6
+    return max(2, int(k * scale))
+
+
+# -- inside a host ------------------------------------------------------------------------
+def _rank(rank: int, ws: int, master: str, backend: str, sizes: list[int], scale: float, out: str) -> None:
+    import torch
+
+    import pyc10d as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=ws,
+                            timeout=datetime.timedelta(seconds=120))
+    rows = []
+    for nbytes in sizes:
+        t = torch.ones(max(nbytes // 4, 1))
+        k = _iters(nbytes, scale)
+        for _ in range(2):
+            dist.all_reduce(t)
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(k):
+            dist.all_reduce(t)
+        mine = torch.tensor([(time.perf_counter() - start) / k], dtype=torch.float64)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        rows.append({"bytes": nbytes, "iters": k, "seconds": mine.item()})
+    if rank == 0:
+        Path(out).write_text(json.dumps({"backend": dist.get_backend(), "rows": rows}))
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+def _host_main(args: argparse.Namespace) -> None:
+    fork = multiprocessing.get_context("fork")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    procs = [fork.Process(target=_rank, args=(int(r), args.world, args.master, args.backend, sizes, args.scale,
+                                              args.result))
+             for r in args.ranks.split(",")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    sys.exit(max(p.exitcode or 0 for p in procs))
+
+
+# -- the driver -------------------------------------------------------------------------------
+def _shape(hosts: Any, delay_ms: float | None, rate: str | None) -> dict[str, Any]:
+    from pyc10d.testing.hosts import ShapingUnsupported
+
+    shaping: dict[str, Any] = {"delay_ms": None, "rate": None, "note": ""}
+    if delay_ms:
+        try:
+            hosts.shape(delay_ms=delay_ms)
+            shaping["delay_ms"] = delay_ms
+            return shaping
+        except ShapingUnsupported as e:
+            shaping["note"] = f"no delay: {e}"
+            print(f"multihost: {e}; limiting the rate instead", file=sys.stderr)
+    if rate:
+        hosts.shape(rate=rate)
+        shaping["rate"] = rate
+    return shaping
+
+
+def _run(hosts: Any, backend: str, world: int, per_host: int, sizes: list[int], scale: float, port: int,
+         tmp: Path) -> dict[str, Any]:
+    result = tmp / f"{backend}.json"
+    procs = []
+    for h in hosts.hosts:
+        ranks = ",".join(str(h.index * per_host + i) for i in range(per_host))
+        argv = [sys.executable, "-m", "pyc10d.bench.multihost", "--host-worker", "--backend", backend,
+                "--ranks", ranks, "--world", str(world), "--master", f"{hosts[0].addr}:{port}",
+                "--sizes", ",".join(map(str, sizes)), "--scale", str(scale), "--result", str(result)]
+        procs.append(h.spawn(argv, stdout=subprocess.DEVNULL if h.index else None))
+    for p in procs:
+        p.wait(timeout=600)
+    if any(p.returncode for p in procs) or not result.exists():
+        raise RuntimeError(f"multihost bench: {backend} run failed (exit codes {[p.returncode for p in procs]})")
+    return json.loads(result.read_text())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m pyc10d.bench.multihost", description=__doc__.split("\n")[0])
+    ap.add_argument("--hosts", type=int, default=2)
+    ap.add_argument("--ranks-per-host", type=int, default=2)
+    ap.add_argument("--sizes", default="8,1M,16M", help="comma-separated message sizes (8, 64K, 1M ...)")
+    ap.add_argument("--delay-ms", type=float, default=1.0, help="one-way delay on each host's uplink (netem)")
+    ap.add_argument("--rate", default="1gbit", help="tbf rate per uplink when netem is missing ('' for none)")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply the number of timed calls")
+    ap.add_argument("--rounds", type=int, default=2, help="runs per backend, interleaved; the faster is kept")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--host-worker", action="store_true", help=argparse.SUPPRESS)
+    for name in ("backend", "ranks", "master", "result"):
+        ap.add_argument(f"--{name}", help=argparse.SUPPRESS)
+    ap.add_argument("--world", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.host_worker:
+        return _host_main(args)
+
+    from pyc10d.testing.hosts import Hosts
+
+    sizes = [parse_size(s) if not s.isdigit() else int(s) for s in args.sizes.split(",")]
+    world = args.hosts * args.ranks_per_host
+    runs: dict[str, list[dict[str, Any]]] = {"auto": [], "tcp": []}
+    with Hosts(args.hosts) as hosts, tempfile.TemporaryDirectory() as tmp:
+        shaping = _shape(hosts, args.delay_ms, args.rate or None)
+        port = PORT
+        for _ in range(args.rounds):
+            for backend in runs:
+                port += 1
+                runs[backend].append(_run(hosts, backend, world, args.ranks_per_host, sizes, args.scale, port,
+                                          Path(tmp)))
+    best = {b: [min((r["rows"][i] for r in rs), key=lambda row: row["seconds"]) for i in range(len(sizes))]
+            for b, rs in runs.items()}
+    record = {
+        "when": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "kernel": platform.release()},
+        "hosts": args.hosts, "ranks_per_host": args.ranks_per_host, "shaping": shaping,
+        "chosen": {b: rs[0]["backend"] for b, rs in runs.items()},
+        "runs": runs, "best": best,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"multihost-{datetime.datetime.now():%Y%m%d-%H%M%S}.json"
+    path.write_text(json.dumps(record, indent=1))
+    link = shaping["delay_ms"] and f"{shaping['delay_ms']} ms delay" or shaping["rate"] or "unshaped"
+    print(f"all_reduce, {args.hosts} hosts x {args.ranks_per_host} ranks, links: {link}; "
+          f"auto chose {record['chosen']['auto']}")
+    print(f"{'size':>8}  {'hier us':>10}  {'tcp us':>10}  {'tcp / hier':>10}")
+    for h, t in zip(best["auto"], best["tcp"]):
+        print(f"{format_size(h['bytes']):>8}  {h['seconds'] * 1e6:>10.0f}  {t['seconds'] * 1e6:>10.0f}  "
+              f"{t['seconds'] / h['seconds']:>9.2f}x")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Several "hosts" on one Linux machine, for multi-host tests and benchmarks (needs root).
+
+A host here is what distributed code can tell apart from another machine: its own network
+stack, hostname, ``/dev/shm`` and processes. ``Hosts(n)`` makes n of them:
+
+* a network namespace per host with ``lo`` up and one interface, ``eth0``, addressed
+  ``10.213.0.<i+1>/24``; its other end is a port of a bridge living in a further namespace
+  (the switch). The addresses exist only inside these namespaces: nothing is added to, or
+  sent through, the machine's own network namespace or interfaces;
+* processes started with ``Host.spawn`` run in the host's network namespace and, through
+  ``unshare``, in a UTS namespace (``hostname`` is the host's name), a mount namespace with
+  a private tmpfs on ``/dev/shm`` and a PID namespace. One ``spawn`` is one PID namespace:
+  start every process of a host from one spawn (a launcher) so they share ``/dev/shm``, and
+  ``Host.kill()`` SIGKILLs that whole namespace at once (``--kill-child``) as a power cut would.
+
+Names carry the creating process's pid and a counter, so parallel runs never collide, and
+``close()`` (also at interpreter exit) kills what was spawned and deletes every namespace
+(the veth pairs and the bridge go with them). ``shape()`` puts a tc qdisc on every host's
+uplink (``netem`` delay, ``tbf`` rate); kernels without ``sch_netem`` raise
+``ShapingUnsupported`` saying so.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+SUBNET = "10.213.0"
+_COUNTER = itertools.count()
+# Inside the new namespaces: a private /dev/shm and the host's name, then the command.
+_ENTER = 'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname "$0" && exec "$@"'
+
+
+class ShapingUnsupported(RuntimeError):
+    """The kernel lacks the queueing discipline asked for (e.g. no ``sch_netem``)."""
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+def unavailable_reason() -> str | None:
+    """Why ``Hosts`` cannot work here (not root, tools missing), or None when it can."""
+    if os.geteuid() != 0:
+        return "needs root (network namespaces)"
+    for tool in ("ip", "unshare", "tc"):
+        if shutil.which(tool) is None:
+            return f"needs the {tool!r} command"
+    probe = f"pyc10d-probe-{os.getpid()}-{next(_COUNTER)}"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"'ip netns add' failed: {made.stderr.strip()}"
+    _ip("netns", "delete", probe, check=False)
+    return None
+
+
+class Host:
+    """One namespace host: ``name`` (its hostname), ``addr`` (its address), ``netns``."""
+
+    def __init__(self, index: int, netns: str) -> None:
+        self.index = index
+        self.name = f"h{index}"
+        self.netns = netns
+        self.addr = f"{SUBNET}.{index + 1}"
+        self.iface = "eth0"
+        self.procs: list[subprocess.Popen[Any]] = []
+
+    def command(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` wrapped to run on this host (own network, hostname, /dev/shm, pids)."""
+        return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "--mount", "--pid", "--fork",
+                "--kill-child", "--mount-proc", "sh", "-c", _ENTER, self.name, *argv]
+
+    def spawn(self, argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` on this host (``popen``: ``subprocess.Popen``'s keywords)."""
+        proc = subprocess.Popen(self.command(argv), **popen)
+        self.procs.append(proc)
+        return proc
+
+    def exec(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        """Run a command in this host's network namespace only (e.g. ``tc``), checked."""
+        return subprocess.run(["ip", "netns", "exec", self.netns, *argv], capture_output=True, text=True,
+                              check=True)
+
+    def kill(self) -> None:
+        """SIGKILL every process spawned here: ``unshare --kill-child`` takes the PID
+        namespace down with it, so no process of this host survives."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+class Hosts:
+    """``n`` namespace hosts joined by a bridge; a context manager that always cleans up."""
+
+    def __init__(self, n: int) -> None:
+        reason = unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(f"pyc10d.testing.hosts: {reason}")
+        tag = f"pyc10d-{os.getpid()}-{next(_COUNTER)}"
+        self.switch = f"{tag}-sw"
+        self.hosts = [Host(i, f"{tag}-h{i}") for i in range(n)]
+        self._namespaces: list[str] = []
+        atexit.register(self.close)
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _netns(self, name: str) -> None:
+        _ip("netns", "add", name)
+        self._namespaces.append(name)
+        _ip("-n", name, "link", "set", "lo", "up")
+
+    def _build(self) -> None:
+        self._netns(self.switch)
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
+        for h in self.hosts:
+            self._netns(h.netns)
+            port = f"p{h.index}"
+            # Both ends are created straight inside their namespaces: never in the root one.
+            _ip("link", "add", h.iface, "netns", h.netns, "type", "veth", "peer", "name", port, "netns", self.switch)
+            _ip("-n", self.switch, "link", "set", port, "master", "br0")
+            _ip("-n", self.switch, "link", "set", port, "up")
+            _ip("-n", h.netns, "addr", "add", f"{h.addr}/24", "dev", h.iface)
+            _ip("-n", h.netns, "link", "set", h.iface, "up")
+
+    def __getitem__(self, i: int) -> Host:
+        return self.hosts[i]
+
+    def __len__(self) -> int:
+        return len(self.hosts)
+
+    def __enter__(self) -> Hosts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def shape(self, delay_ms: float | None = None, rate: str | None = None) -> None:
+        """Every host's uplink: ``delay_ms`` one-way delay (netem), or a ``rate`` such as
+        ``"1gbit"`` (tbf). Each packet leaves exactly one host, so a delay d gives an RTT
+        of 2d between hosts and nothing within a host."""
+        if delay_ms is not None and rate is not None:
+            raise ValueError("shape: one of delay_ms or rate")
+        if delay_ms is not None:
+            qdisc = ["netem", "delay", f"{delay_ms}ms"]
+        elif rate is not None:
+            qdisc = ["tbf", "rate", rate, "burst", "512kb", "latency", "100ms"]
+        else:
+            return
+        for h in self.hosts:
+            try:
+                h.exec("tc", "qdisc", "replace", "dev", h.iface, "root", *qdisc)
+            except subprocess.CalledProcessError as e:
+                why = e.stderr.strip()
+                if "unknown" in why.lower():
+                    raise ShapingUnsupported(
+                        f"tc qdisc {qdisc[0]}: this kernel ({os.uname().release}) has no sch_{qdisc[0]} ({why})"
+                    ) from None
+                raise
+
+    def close(self) -> None:
+        """Kill every spawned process and delete every namespace (idempotent)."""
+        for h in self.hosts:
+            h.kill()
+        while self._namespaces:
+            _ip("netns", "delete", self._namespaces.pop(), check=False)
+        atexit.unregister(self.close)
+
+
+__all__ = ["SUBNET", "Host", "Hosts", "ShapingUnsupported", "unavailable_reason"]

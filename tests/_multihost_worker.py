@@ -1,0 +1,95 @@
+"""One namespace host's share of a multi-host test: forks its ranks, each writes a report.
+
+Run (inside a ``pyc10d.testing.hosts`` host) as
+``python tests/_multihost_worker.py CASE OUT_DIR MASTER WORLD_SIZE RANKS BACKEND [FAMILIES]``
+with ``RANKS`` the comma-separated ranks on this host. Every rank initialises over
+``tcp://MASTER`` (rank 0 serves the store), runs ``CASE`` and writes ``OUT_DIR/rank<r>.json``:
+``{"backend": ..., "ok": bool, "error": str, "count": int}``. This process exits when its
+ranks have.
+
+Cases: ``families`` runs the named conformance families (each with its patches), counting the
+checks; ``loop`` all-reduces until it fails, touching ``OUT_DIR/ready<r>`` after a few
+rounds so the test knows when to kill a host.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _multirank import patched  # noqa: E402
+from test_conformance import FAMILIES  # noqa: E402
+
+import pyc10d as dist  # noqa: E402
+
+
+def _families(rank: int, ws: int, names: list[str]) -> int:
+    count = 0
+    for name in names:
+        fn, patches = FAMILIES[name]
+        start = time.monotonic()
+        with patched(patches):
+            count += fn(rank, ws)
+        print(f"rank {rank}: {name} took {time.monotonic() - start:.1f}s", flush=True)
+    return count
+
+
+def _loop(rank: int, ws: int, out: str) -> int:
+    t = torch.ones(1024)
+    for i in range(100000):
+        t.fill_(1.0)
+        dist.all_reduce(t)
+        if t[0].item() != ws:
+            raise AssertionError(f"round {i}: all_reduce gave {t[0].item()}, wanted {ws}")
+        if i == 3:
+            open(os.path.join(out, f"ready{rank}"), "w").close()
+        time.sleep(0.005)  # pace the loop: the machine is shared
+    return 0
+
+
+def _rank(case: str, out: str, master: str, ws: int, rank: int, backend: str, families: list[str]) -> None:
+    torch.set_num_threads(1)
+    report: dict = {"rank": rank, "ok": False, "error": "", "count": 0, "backend": ""}
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=ws,
+                                timeout=timedelta(seconds=30))
+        report["backend"] = dist.get_backend()
+        if case == "families":
+            report["count"] = _families(rank, ws, families)
+        else:
+            _loop(rank, ws, out)
+        dist.destroy_process_group()
+        report["ok"] = True
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        report["error"] = f"{type(e).__name__}: {e}"
+        report["traceback"] = traceback.format_exc()
+    with open(os.path.join(out, f"rank{rank}.json.tmp"), "w") as f:
+        json.dump(report, f)
+    os.replace(os.path.join(out, f"rank{rank}.json.tmp"), os.path.join(out, f"rank{rank}.json"))
+    sys.stdout.flush()
+    os._exit(0)  # a failed group may leave threads behind; the report is written
+
+
+def main(argv: list[str]) -> None:
+    case, out, master, ws, ranks, backend = argv[:6]
+    families = argv[6].split(",") if len(argv) > 6 else []
+    fork = multiprocessing.get_context("fork")
+    procs = [fork.Process(target=_rank, args=(case, out, master, int(ws), int(r), backend, families))
+             for r in ranks.split(",")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,67 @@
+"""The hierarchical backend on one machine: ranks told they are on different hosts.
+
+Each rank reports a host identity of the test's choosing, so ``auto`` builds the
+hierarchical engine with shm between the ranks of a "host" and tcp between the hosts'
+leaders, all on this machine (``tests/test_multihost.py`` runs the same on real network
+namespaces). Every conformance family that covers a collective runs on several layouts:
+equal hosts with consecutive ranks (blocks exchanged in place), interleaved ranks and
+uneven hosts (blocks reordered and padded).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from _multirank import run_ranks  # noqa: E402
+from test_conformance import FAMILIES, RUN_TIMEOUT  # noqa: E402
+
+import pyc10d as dist  # noqa: E402
+from pyc10d.backends.topology import HostLayout  # noqa: E402
+
+#: host of each rank
+LAYOUTS = {"2x2": [0, 0, 1, 1], "interleaved": [0, 1, 0, 1], "2+1": [0, 0, 1], "1+3": [0, 1, 1, 1]}
+COLLECTIVE_FAMILIES = ["all_reduce", "broadcast", "reduce", "all_gather", "gather_scatter", "reduce_scatter",
+                       "all_to_all", "async", "subgroups", "defaults"]
+
+
+def _on_fake_hosts(rank: int, ws: int, store_path: str, hosts: list[int], family: str, backend: str) -> int:
+    from pyc10d.backends import shm
+
+    shm.host_identity = lambda: f"h{hosts[rank]}/boot/0"
+    store = dist.FileStore(store_path, ws)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=ws, timeout=timedelta(seconds=30))
+    assert dist.get_backend() == "hier", dist.get_backend()
+    n = FAMILIES[family][0](rank, ws)
+    dist.destroy_process_group()
+    return n
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("family", COLLECTIVE_FAMILIES)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_collectives_on_fake_hosts(tmp_path, layout: str, family: str) -> None:  # noqa: ANN001
+    hosts = LAYOUTS[layout]
+    counts = run_ranks("auto", len(hosts), _on_fake_hosts, str(tmp_path / "store"), hosts, family, "auto",
+                       init=False, timeout=RUN_TIMEOUT, patches=FAMILIES[family][1])
+    assert all(n > 0 for n in counts)
+
+
+def test_layout_math() -> None:
+    lay = HostLayout.from_identities(["b/x/1", "a/x/2", "b/x/1", "a/x/2", "c/x/3"])
+    assert lay.hosts == ((0, 2), (1, 3), (4,))
+    assert lay.names == ("b", "a", "c")
+    assert lay.leaders == [0, 1, 4]
+    assert [lay.slot(r) for r in range(5)] == [0, 2, 1, 3, 4]
+    assert not lay.host_major()
+    assert HostLayout.from_identities(["a", "a", "b", "b"]).host_major()
+    assert not HostLayout.from_identities(["a", "a", "b"]).host_major()
+    sub = lay.subset([1, 2, 3])
+    assert sub.hosts == ((0, 2), (1,)) and sub.names == ("a", "b")
+    assert lay.describe_lost({1, 3, 4}) == "host 'a' (ranks 1, 3); host 'c' (rank 4)"
+    assert lay.describe_lost({2}) == "rank 2 of host 'b'"

@@ -1,0 +1,144 @@
+"""pyc10d across hosts: ranks in network namespaces made by the test (``pyc10d.testing.hosts``).
+
+Each host has its own network stack, hostname, ``/dev/shm`` and PID namespace, so pyc10d
+sees separate machines: ``auto`` must pick the hierarchical backend (shm inside a host, tcp
+between hosts) when a host has several ranks. The conformance families run on every rank
+and check each result against a locally computed reference; a host killed mid-run (every
+process SIGKILLed at once) must be named, with its ranks, in the survivors' errors.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pyc10d.testing.hosts import Hosts, unavailable_reason
+
+_WHY_NOT = unavailable_reason()
+pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=f"namespace hosts: {_WHY_NOT}")
+
+WORKER = str(Path(__file__).with_name("_multihost_worker.py"))
+PORT = 29500  # inside the test's own namespaces: nothing else listens there
+#: Every collective, in launches of a few seconds each. "defaults" (real sizes, unpatched
+#: thresholds) runs alone: an shm arena keeps the slot size it was created with, and the other
+#: families create theirs with 256-byte slots.
+GROUPS = {
+    "reducing": ["all_reduce", "reduce"],
+    "reduce_scatter": ["reduce_scatter"],
+    "defaults": ["defaults"],
+    "moving": ["broadcast", "all_gather", "gather_scatter", "all_to_all", "p2p", "async", "subgroups"],
+}
+
+
+@pytest.fixture
+def hosts() -> Hosts:
+    with Hosts(2) as hs:
+        yield hs
+
+
+def _start(hs: Hosts, layout: list[int], case: str, backend: str, out: Path, families: list[str]) -> list:
+    """One worker per host, running the ranks ``layout`` puts there."""
+    procs = []
+    for h in hs.hosts:
+        ranks = ",".join(str(r) for r, j in enumerate(layout) if j == h.index)
+        log = open(out / f"{h.name}.log", "w")  # noqa: SIM115 - closed with the process
+        argv = [sys.executable, WORKER, case, str(out), f"{hs[0].addr}:{PORT}", str(len(layout)), ranks, backend,
+                ",".join(families)]
+        procs.append(h.spawn(argv, stdout=log, stderr=subprocess.STDOUT))
+    return procs
+
+
+def _reports(out: Path, ranks: list[int]) -> dict[int, dict]:
+    found = {}
+    for r in ranks:
+        path = out / f"rank{r}.json"
+        if path.exists():
+            found[r] = json.loads(path.read_text())
+    return found
+
+
+def _logs(out: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(out.glob("*.log")))
+
+
+def _run(hs: Hosts, layout: list[int], backend: str, families: list[str], out: Path, timeout: float) -> dict:
+    procs = _start(hs, layout, "families", backend, out, families)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            for h in hs.hosts:
+                h.kill()
+            pytest.fail(f"ranks still running after {timeout:.0f}s\n{_logs(out)}")
+    reports = _reports(out, list(range(len(layout))))
+    assert sorted(reports) == list(range(len(layout))), f"missing rank reports\n{_logs(out)}"
+    return reports
+
+
+def _check(reports: dict, backend: str) -> None:
+    failed = {r: f"{rep['error']}\n{rep.get('traceback', '')}" for r, rep in reports.items() if not rep["ok"]}
+    assert not failed, "\n".join(f"rank {r}: {text}" for r, text in failed.items())
+    assert {rep["backend"] for rep in reports.values()} == {backend}
+    assert all(rep["count"] > 0 for rep in reports.values())
+
+
+@pytest.mark.timeout(45)
+@pytest.mark.parametrize("group", list(GROUPS))
+@pytest.mark.parametrize("backend", ["auto", "tcp"])
+def test_two_hosts_of_two(hosts: Hosts, tmp_path: Path, backend: str, group: str) -> None:
+    """Every collective on 2 hosts x 2 ranks; ``auto`` must have chosen hierarchical."""
+    reports = _run(hosts, [0, 0, 1, 1], backend, GROUPS[group], tmp_path, timeout=35)
+    _check(reports, "hier" if backend == "auto" else "tcp")
+
+
+@pytest.mark.timeout(45)
+def test_uneven_hosts(hosts: Hosts, tmp_path: Path) -> None:
+    """Two ranks on one host, one on the other: host blocks padded and reordered."""
+    reports = _run(hosts, [0, 0, 1], "auto", ["all_reduce", "reduce_scatter", "all_gather", "gather_scatter",
+                                                "broadcast", "reduce"], tmp_path, timeout=35)
+    _check(reports, "hier")
+
+
+@pytest.mark.timeout(45)
+def test_dead_host_is_named(hosts: Hosts, tmp_path: Path) -> None:
+    """Host h1 (ranks 2, 3) dies mid all_reduce: both survivors say so, within seconds."""
+    procs = _start(hosts, [0, 0, 1, 1], "loop", "auto", tmp_path, [])
+    deadline = time.monotonic() + 25
+    while not all((tmp_path / f"ready{r}").exists() for r in range(4)):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            pytest.fail(f"ranks never got going\n{_logs(tmp_path)}")
+        time.sleep(0.05)
+    killed_at = time.monotonic()
+    hosts[1].kill()
+    try:
+        procs[0].wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"survivors did not notice the dead host within 15s\n{_logs(tmp_path)}")
+    took = time.monotonic() - killed_at
+    reports = _reports(tmp_path, [0, 1, 2, 3])
+    assert sorted(reports) == [0, 1], f"{reports}\n{_logs(tmp_path)}"
+    for r in (0, 1):
+        assert not reports[r]["ok"]
+        assert "host 'h1' (ranks 2, 3)" in reports[r]["error"], reports[r]["error"]
+    assert took < 10, took
+
+
+@pytest.mark.timeout(45)
+def test_benchmark_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m pyc10d.bench.multihost`` at a tiny scale: a JSON record for both backends."""
+    from pyc10d.bench import multihost
+
+    multihost.main(["--sizes", "8,64K", "--scale", "0.05", "--rounds", "1", "--out", str(tmp_path)])
+    [path] = tmp_path.glob("multihost-*.json")
+    record = json.loads(path.read_text())
+    assert record["chosen"] == {"auto": "hier", "tcp": "tcp"}
+    assert [row["bytes"] for row in record["best"]["auto"]] == [8, 64 << 10]
+    assert all(row["seconds"] > 0 for rows in record["best"].values() for row in rows)
+    assert record["shaping"]["delay_ms"] == 1.0 or "sch_netem" in record["shaping"]["note"]
+    assert "auto chose hier" in capsys.readouterr().out
