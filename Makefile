@@ -8,6 +8,7 @@
 #               then functional vs in-place collectives (python -m pyc10d.bench.funcol)
 #   make fuzz   100,000 malformed frames at a live TCPStore server (and garbage at the tcp
 #               transport) while good clients keep working; prints frames, time and peak memory
+#   make chaos  500 trials: a rank SIGKILLed mid-run on tcp and shm (tests/chaos.py)
 #   make lint   ruff
 
 PYTHON ?= python3
@@ -21,7 +22,7 @@ BENCH_ARGS ?=
 =======
 FUZZ_FRAMES ?= 100000
 
-.PHONY: venv demo test fuzz bench lint clean
+.PHONY: chaos
 >>>>>>> harden
 
 venv: $(STAMP)
@@ -58,6 +59,9 @@ fuzz: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pyc10d.bench $(BENCH_ARGS)
 	$(PY) -m pyc10d.bench.funcol
+
+chaos: $(STAMP)
+	$(PY) tests/chaos.py --trials 500
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
