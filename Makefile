@@ -17,13 +17,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp
 BENCH_ARGS ?=
 
-<<<<<<< HEAD
-.PHONY: venv demo test test-launchers bench lint clean
-=======
 FUZZ_FRAMES ?= 100000
 
-.PHONY: chaos
->>>>>>> harden
+.PHONY: venv demo test test-launchers fuzz chaos bench lint clean
 
 venv: $(STAMP)
 
@@ -43,18 +39,16 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest tests -p no:cacheprovider
 
-<<<<<<< HEAD
 # Open MPI from Debian when mpirun is absent: without it the real-mpirun tests skip.
 test-launchers: $(STAMP)
 	command -v mpirun >/dev/null || { apt-get update && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y openmpi-bin; }
 	$(PY) -m pytest tests/test_launchers.py tests/test_run.py -p no:cacheprovider
-=======
+
 # Not part of `make test` (which runs the same tests with a few thousand frames): minutes.
 fuzz: $(STAMP)
 	PYC10D_FUZZ_FRAMES=$(FUZZ_FRAMES) $(PY) -m pytest -p no:cacheprovider -s \
 		tests/store/test_store_fuzz.py::test_fuzz_server tests/transport/test_tcp_fuzz.py
->>>>>>> harden
 
 bench: $(STAMP)
 	$(PY) -m pyc10d.bench $(BENCH_ARGS)
