@@ -88,3 +88,30 @@ def test_desync_check_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(Engine, "desync_check", False)  # what PYC10D_DESYNC_CHECK=0 sets
     run_ranks("threaded", 2, _check_off, timeout=30)
+
+
+def _tag_mismatch(rank: int, ws: int) -> int:
+    c = Check(rank)
+    g = dist.new_group(list(range(ws)), timeout=timedelta(seconds=60))
+    t0 = time.monotonic()
+    try:
+        if rank == 0:
+            dist.send(torch.ones(4), dst=1, group=g, tag=1)
+        elif rank == 1:
+            dist.recv(torch.empty(4), src=0, group=g, tag=2)
+        dist.barrier(group=g)
+    except RuntimeError as e:
+        took, msg = time.monotonic() - t0, str(e)
+        c.true(took < 5.0, f"tag mismatch: took {took:.1f}s")
+        c.true("tag 2 from rank 0" in msg and "sent tag(s) 1" in msg, f"tag mismatch not named: {msg}")
+    else:
+        c.true(False, f"tag mismatch: no error on rank {rank}")
+    return c.finish()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_p2p_tag_mismatch_raises_on_every_rank(backend: str) -> None:
+    """rank 0 sends tag 1, rank 1 waits for tag 2: rank 1 names it after PYC10D_P2P_MISMATCH_S
+    (2 s) and aborts the group, so rank 0 and rank 2 fail in their next call instead of waiting."""
+    run_ranks(backend, 3, _tag_mismatch, timeout=40)

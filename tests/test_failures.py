@@ -120,6 +120,10 @@ def _mismatch(rank: int, ws: int, kind: str) -> int:
         "all_gather_into_tensor ring": lambda g, x=make(1009): dist.all_gather_into_tensor(like(x, ws), x, group=g),
         "reduce_scatter_tensor": lambda g, out=make(5): dist.reduce_scatter_tensor(out, like(out, ws), group=g),
         "all_to_all_single": lambda g, x=make(ws * 3): dist.all_to_all_single(torch.empty_like(x), x, group=g),
+        "all_to_all": lambda g, x=make(4): dist.all_to_all([torch.empty_like(x) for _ in range(ws)],
+                                                           [x.clone() for _ in range(ws)], group=g),
+        "reduce_scatter": lambda g, x=make(5): dist.reduce_scatter(torch.empty_like(x), [x.clone() for _ in range(ws)],
+                                                                    group=g),
     }
     for what, call in cases.items():
         g = dist.new_group(list(range(ws)))
@@ -129,6 +133,10 @@ def _mismatch(rank: int, ws: int, kind: str) -> int:
     for what, call in {
         "reduce": lambda g: dist.reduce(make(7), dst=0, group=g),
         "broadcast": lambda g: dist.broadcast(make(9), src=0, group=g),
+        "gather": lambda g, x=make(6): dist.gather(x, [torch.empty_like(x) for _ in range(ws)] if rank == 0 else None,
+                                                   dst=0, group=g),
+        "scatter": lambda g, x=make(6): dist.scatter(x, [torch.ones_like(x) for _ in range(ws)] if rank == 0 else None,
+                                                     src=0, group=g),
     }.items():
         g = dist.new_group(list(range(ws)))
 

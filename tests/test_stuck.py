@@ -22,9 +22,11 @@ class _Collect(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.messages: list[str] = []
+        self.times: list[float] = []
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+        self.times.append(time.monotonic())
 
 
 def _sleeper_warned(rank: int, ws: int) -> int:
@@ -46,6 +48,8 @@ def _sleeper_warned(rank: int, ws: int) -> int:
             c.true(bool(mine) and f"rank {sleeper} (last completed: barrier #1)" in mine[0],
                    f"warning names the sleeping rank and its last collective: {mine}")
             c.true(time.monotonic() - t0 > WARN_S, "waited past the threshold")
+            late = [t - t0 for m, t in zip(handler.messages, handler.times) if f"rank {rank} has waited" in m]
+            c.true(bool(late) and late[0] <= WARN_S + 2.0, f"warned {late} s after entering (limit {WARN_S + 2.0})")
     finally:
         logging.getLogger("pyc10d").removeHandler(handler)
     return c.finish()

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..algorithms.comm import Comm, describe_fingerprint, fingerprint
-from ..errors import DistBackendError, DistError, DistTimeoutError
+from ..errors import DistBackendError, DistError, DistNetworkError, DistTimeoutError
 from ..transport.base import Transport
 from ..types import UNSET_TIMEOUT
 from . import flight_recorder, watchdog
@@ -268,8 +268,11 @@ class Engine:
         return annotated
 
     def _explain_failure(self, error: BaseException, work: Work) -> BaseException:
-        """A timeout names the ranks that never entered the operation, when it can tell (a
-        backend may add what it knows, e.g. which hosts are gone)."""
+        """A lost peer is reported with the reason a member gave when it aborted (the root
+        cause); a timeout names the ranks that never entered the operation, when it can tell
+        (a backend may add what it knows, e.g. which hosts are gone)."""
+        if isinstance(error, DistNetworkError):
+            return self._abort_reason(error)
         if not isinstance(error, DistTimeoutError) or self.progress_store is None:
             return error
         try:
@@ -278,6 +281,24 @@ class Engine:
         except Exception:  # noqa: BLE001 - the store may be gone too; keep the original error
             return error
         return DistTimeoutError(f"{error}; {text}") if text else error
+
+    def _abort_reason(self, error: DistNetworkError) -> BaseException:
+        """A member that fails tells the others why, then exits: its exit can be seen (shm
+        watches pids) a moment before its abort message is read. Give that message 0.2 s."""
+        box = getattr(self.transport, "mailbox", None)
+        if box is None:
+            return error
+        peers = [g for i, g in enumerate(self.ranks) if i != self._rank]
+        deadline = time.monotonic() + 0.2
+        while True:
+            said = [(p, box.abort_reasons[p]) for p in peers if p in box.abort_reasons]
+            if said or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        if not said or said[0][1] in str(error):
+            return error
+        who, reason = said[0]
+        return DistNetworkError(f"{error}; rank {self.ranks.index(who)} had aborted the group: {reason}")
 
     def _with_trace(self, error: BaseException) -> BaseException:
         """Dump the flight recorder and say where (pyc10d's own errors only)."""

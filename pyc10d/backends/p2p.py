@@ -7,6 +7,7 @@ match per (peer, tag) in FIFO order on their own channel.
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import timedelta
 from typing import Any
@@ -17,20 +18,51 @@ from .. import algorithms as algo
 from ..errors import DistBackendError, DistTimeoutError
 from ..types import BarrierOptions
 from . import checks as ck
-from .base import Engine
+from .base import _P2P_BIT, Engine
 from .staging import host, writeback
 from .work import CompletedWork, Work
+
+#: Seconds a receive waits while its sender's messages sit on other tags of the group before
+#: the mismatch is reported (``PYC10D_P2P_MISMATCH_S``; 0 turns the check off). A program that
+#: really sends the awaited tag later than this after another tag is told it mismatched.
+TAG_MISMATCH_S = float(os.environ.get("PYC10D_P2P_MISMATCH_S", "2"))
 
 
 class RecvWork(Work):
     """Completes when the posted receive has its data; copies back if the tensor was staged."""
 
-    def __init__(self, pending: algo.comm.PendingRecv, dst: torch.Tensor, staged: torch.Tensor, src: int) -> None:
+    def __init__(self, pending: algo.comm.PendingRecv, dst: torch.Tensor, staged: torch.Tensor, src: int,
+                 engine: Engine | None = None, tag: int = 0) -> None:
         super().__init__("recv", [dst])
         self._pending = pending
         self._dst, self._staged = dst, staged
         self._source_rank = src
         self._settle_lock = threading.Lock()
+        self._engine, self._tag = engine, tag
+
+    def _watch_tags(self) -> None:
+        """Wait for the message; raise (and abort the group) if meanwhile the sender's only
+        messages here are on other tags: a tag mismatch would otherwise wait out the timeout."""
+        pending, engine = self._pending, self._engine
+        if engine is None or self._source_rank < 0 or TAG_MISMATCH_S <= 0:
+            return
+        handle, comm, waited = pending.handle, pending.comm, 0.0
+        peer = comm.ranks[self._source_rank]
+        while not handle.settle(min(0.25, max(comm.remaining(), 0.0))):
+            waited += 0.25
+            if comm.remaining() <= 0:
+                return
+            if waited < TAG_MISMATCH_S:
+                continue
+            tags = sorted(c & 0x7FFFFFFF for c in comm.transport.unexpected_from(peer, engine.group_key)
+                          if c & _P2P_BIT)
+            if tags:
+                error = DistBackendError(
+                    f"recv in group {engine.group_name!r}: desync: rank {comm.rank} waited {waited:.1f}s "
+                    f"for tag {self._tag} from rank {self._source_rank}, which sent tag(s) "
+                    f"{', '.join(map(str, tags))} instead (p2p tag mismatch)")
+                engine._fail_group(error)
+                raise error
 
     def _resolve(self, timeout: float | None) -> None:
         with self._settle_lock:
@@ -38,6 +70,7 @@ class RecvWork(Work):
                 return
             try:
                 self._pending.comm.deadline = float("inf") if timeout is None else _now() + timeout
+                self._watch_tags()
                 self._pending.wait()
                 self._source_rank = self._pending.peer
                 writeback(self._dst, self._staged)
@@ -95,7 +128,7 @@ class P2POps(Engine):
         comm = self._p2p_comm("recv")
         comm.channel = self._p2p_channel(tag)
         staged = host(t[0])
-        return RecvWork(comm.irecv(srcRank, staged), t[0], staged, srcRank)
+        return RecvWork(comm.irecv(srcRank, staged), t[0], staged, srcRank, self, tag)
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Work:
         """Receive from whichever rank sends first with ``tag``; ``source_rank()`` names it."""

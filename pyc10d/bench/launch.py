@@ -22,13 +22,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_worker(module: str, world: int, worker_args: list[str], out: Path, timeout: float) -> Any:
-    """Run ``python -m module --worker ... --out out`` on ``world`` ranks; the JSON it wrote,
-    or a string saying why there is none (time-out, exit code)."""
+def run_worker(module: str, world: int, worker_args: list[str], out: Path, timeout: float,
+               env: dict[str, str] | None = None) -> Any:
+    """Run ``python -m module --worker ... --out out`` on ``world`` ranks (with ``env`` added
+    to the environment); the JSON it wrote, or a string saying why there is none."""
     cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", str(world), "--master-addr", "127.0.0.1",
            "--master-port", str(free_port()), "-m", module, "--worker", *worker_args, "--out", str(out)]
     try:
-        code = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=timeout).returncode
+        code = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})),
+                              timeout=timeout).returncode
     except subprocess.TimeoutExpired:
         return f"timed out after {timeout:.0f} s"
     if code != 0 or not out.exists():

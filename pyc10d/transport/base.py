@@ -61,6 +61,13 @@ class RecvHandle:
     def done(self) -> bool:
         return self.nbytes >= 0 or self.error is not None
 
+    def settle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the message (or a failure); True once settled."""
+        if not self._done.acquire(timeout=max(timeout, 0.0)):
+            return False
+        self._done.release()
+        return True
+
     def wait(self, timeout: float | None) -> tuple[int, int]:
         """Return ``(nbytes, meta)`` of the message; raise on loss, abort or timeout.
 
@@ -120,6 +127,11 @@ class Transport(ABC):
         mailbox = getattr(self, "mailbox", None)
         return mailbox.unexpected_on(channel) if mailbox is not None else []
 
+    def unexpected_from(self, peer: int, namespace: int) -> list[int]:
+        """Channels of ``namespace`` on which messages from ``peer`` wait for a receive."""
+        mailbox = getattr(self, "mailbox", None)
+        return mailbox.unexpected_from(peer, namespace) if mailbox is not None else []
+
 
 class Mailbox:
     """Matching of arrived messages with posted receives, shared by transports.
@@ -166,6 +178,12 @@ class Mailbox:
             return []
         with self.lock:
             return [(peer, q[channel][0][1]) for peer, q in enumerate(self.unexpected) if q.get(channel)]
+
+    def unexpected_from(self, peer: int, namespace: int) -> list[int]:
+        if not self.waiting_unexpected:
+            return []
+        with self.lock:
+            return [c for c, q in self.unexpected[peer].items() if q and channel_namespace(c) == namespace]
 
     def post(self, handle: RecvHandle) -> None:
         peer, channel = handle.peer, handle.channel
