@@ -14,7 +14,7 @@ import torch
 
 from ..errors import DistBackendError, DistTimeoutError
 from ..transport.base import ANY_SOURCE, RecvHandle, Transport
-from ..types import ReduceOp
+from ..types import RedOpType, ReduceOp
 
 DTYPES: list[torch.dtype] = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
@@ -56,8 +56,16 @@ _FP_CACHE: dict[tuple, int] = {}
 
 
 def fingerprint(opname: str, red: object = None, root: int | None = None) -> int:
-    """24 bits: collective (5), reduce op (4, 0 = none), root + 1 (15, 0 = none)."""
-    key = (opname, red.op if red.__class__ is ReduceOp else red, root)
+    """24 bits: collective (5), reduce op (4, 0 = none), root + 1 (15, 0 = none).
+
+    Runs on every collective: the cache key uses the ``id`` of the reduce op's enum member
+    (members, like None, live for ever, so the id is exact) because ``RedOpType`` hashes in
+    Python; any other reduce op is fingerprinted afresh.
+    """
+    op = red.op if red.__class__ is ReduceOp else red
+    if op is not None and op.__class__ is not RedOpType:
+        return _fingerprint(opname, red, root)
+    key = (opname, id(op), root)
     fp = _FP_CACHE.get(key)
     if fp is None:
         fp = _FP_CACHE[key] = _fingerprint(opname, red, root)

@@ -34,6 +34,7 @@ from .flight_recorder import FlightRecorder
 from .work import Work
 
 _P2P_BIT = 1 << 31
+_FP_RING = 4096  # fingerprints of the last operations, for messages that beat their receive
 
 
 def group_key(name: str) -> int:
@@ -95,7 +96,8 @@ class Engine:
         self._scratch: dict = {}
         # Desync detection: the fingerprint (and name) of each recent operation by sequence
         # number, checked against every message that arrives before its receive is posted.
-        self._fps: dict[int, tuple[int, str]] = {}
+        self._fps: list[tuple[int, int, str] | None] = [None] * _FP_RING  # (seq, fp, op) by seq
+        self._box = getattr(transport, "mailbox", None)  # for a cheap "nothing unexpected" test
         self._desync: BaseException | None = None
         # Progress, for the watchdog (backends.watchdog): the operation running now and the
         # last entered/completed ones; the store where ranks publish theirs.
@@ -162,8 +164,8 @@ class Engine:
             channel = (self.group_key << 32) | (self._seq & 0x7FFFFFFF)
             job = (work, fn, channel, timeout, fp)
             if fp:
-                self._fps[self._seq & 0x7FFFFFFF] = (fp, opname)
-                self._fps.pop((self._seq - 4096) & 0x7FFFFFFF, None)
+                seq = self._seq & 0x7FFFFFFF
+                self._fps[seq & (_FP_RING - 1)] = (seq, fp, opname)
             inline = sync and self._pending == 0
             self._pending += 1
             if not inline:
@@ -173,7 +175,8 @@ class Engine:
                         target=self._progress, daemon=True, name=f"pyc10d-progress-{self.group_name}"
                     )
                     self._worker.start()
-        if fp:  # messages of this operation that came before it was issued here
+        box = self._box
+        if fp and (box is None or box.waiting_unexpected):  # messages that came before the op
             for peer, meta in self.transport.unexpected_on(channel):
                 self._on_unexpected(peer, channel, meta)
         if inline:
@@ -186,7 +189,8 @@ class Engine:
         theirs, seq = meta >> 8, channel & 0x7FFFFFFF
         if not theirs or channel & _P2P_BIT:
             return
-        mine = self._fps.get(seq)
+        slot = self._fps[seq & (_FP_RING - 1)]
+        mine = slot[1:] if slot is not None and slot[0] == seq else None
         if mine is None or mine[0] == theirs or self._desync is not None:
             return
         who = self.ranks.index(peer) if peer in self.ranks else peer
@@ -224,7 +228,7 @@ class Engine:
             self._running_op = (work.seq, work.opname, now)
             trace = work._trace
             if trace is not None:  # (inlined: this runs for every operation)
-                trace[5], trace[7] = now, "running"
+                trace[5] = now
             self._entered = (work.seq, work.opname)
             try:
                 if self._broken is not None:
@@ -236,14 +240,14 @@ class Engine:
                 comm.fingerprint = fp
                 fn(comm)
             except BaseException as e:  # noqa: BLE001 - handed to the waiter
-                if work._trace is not None:
-                    FlightRecorder.ended(work._trace, False)
+                if trace is not None:
+                    FlightRecorder.failed(trace)
                 error = self._with_trace(self._explain_failure(self._annotate(e, work), work))
                 self._fail_group(error)
             finally:
                 self._running_op = None
                 if trace is not None and error is None:
-                    trace[6], trace[7] = time.monotonic(), "completed"
+                    trace[6] = time.monotonic()
                 self._completed = (work.seq, work.opname)
                 with self._lock:
                     self._pending -= 1

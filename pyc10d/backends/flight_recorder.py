@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+_now = time.monotonic
 FIELDS = ("seq", "op", "numel", "dtype", "issued", "started", "ended", "state")
 
 
@@ -44,17 +45,27 @@ class FlightRecorder:
         self.dumped: str | None = None
 
     def issued(self, seq: int, opname: str, outputs: Any) -> list[Any]:
-        t = outputs[0] if type(outputs) is list and outputs and type(outputs[0]) is torch.Tensor else \
-            _first_tensor(outputs)
-        entry = [seq, opname, t.numel() if t is not None else 0, t.dtype if t is not None else None,
-                 time.monotonic(), 0.0, 0.0, "issued"]  # the dtype becomes text at dump time
+        """A new entry (a plain list, written in place by the engine: this runs on every call;
+        the size and dtype of its first tensor are read from it now, as text only at dump)."""
+        t = outputs[0] if type(outputs) is list and outputs else outputs
+        if type(t) is not torch.Tensor:
+            t = _first_tensor(outputs)
+        if t is None:
+            entry = [seq, opname, 0, None, _now(), 0.0, 0.0, False]
+        else:
+            entry = [seq, opname, t.numel(), t.dtype, _now(), 0.0, 0.0, False]
         self.entries.append(entry)
         return entry
 
     @staticmethod
-    def ended(entry: list[Any], ok: bool) -> None:
-        """(The engine writes the start and a success inline; this is for failures.)"""
-        entry[6], entry[7] = time.monotonic(), "completed" if ok else "failed"
+    def failed(entry: list[Any]) -> None:
+        """(The engine writes start and end times inline; the state follows from them.)"""
+        entry[6], entry[7] = time.monotonic(), True
+
+    @staticmethod
+    def _row(e: list[Any]) -> dict[str, Any]:
+        state = "failed" if e[7] else "completed" if e[6] else "running" if e[5] else "issued"
+        return dict(zip(FIELDS, [*e[:3], str(e[3] or "").replace("torch.", ""), *e[4:7], state]))
 
     def dump(self, reason: str) -> str:
         """Write the buffer (once per group); return the file's path."""
@@ -69,8 +80,7 @@ class FlightRecorder:
             "dumped_monotonic": time.monotonic(),
             "group": self.group_name, "rank": self.rank, "global_rank": self.global_rank, "size": self.size,
             "host": socket.gethostname(), "pid": os.getpid(), "reason": reason, "dumped": time.time(),
-            "entries": [dict(zip(FIELDS, [*e[:3], str(e[3] or "").replace("torch.", ""), *e[4:]]))
-                        for e in list(self.entries)],
+            "entries": [self._row(e) for e in list(self.entries)],
         }
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
