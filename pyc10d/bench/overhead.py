@@ -58,6 +58,9 @@ def _worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(backend=args.backend, init_method="env://")
     rank, n = dist.get_rank(), dist.get_world_size()
+    if args.pin and hasattr(os, "sched_setaffinity"):  # a core per rank: less scheduler noise
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     groups = {"on": dist.new_group(list(range(n))), "off": dist.new_group(list(range(n)))}
     _features_off(groups["off"])
     if os.environ.get("PYC10D_OVERHEAD_AA"):  # calibration: both groups without the features
@@ -98,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--sizes", type=int, nargs="+", default=[8, 64 << 20])
     ap.add_argument("--pairs", type=int, default=30)
+    ap.add_argument("--pin", action="store_true", help="pin rank r to the r-th allowed CPU")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
     if args.worker:
@@ -108,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for backend in args.backends.split(","):
             got = run_worker("pyc10d.bench.overhead", args.world_size,
-                             ["--backend", backend, "--pairs", str(args.pairs), "--sizes", *map(str, args.sizes)],
+                             ["--backend", backend, "--pairs", str(args.pairs), "--sizes", *map(str, args.sizes),
+                              *(["--pin"] if args.pin else [])],
                              Path(tmp) / f"{backend}.json", 600)
             if isinstance(got, str):
                 bad.append(f"{backend}: {got}")
