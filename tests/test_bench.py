@@ -30,6 +30,39 @@ def test_large_sizes_keep_enough_timed_iterations() -> None:
     assert metrics.iterations(64 * metrics.MIB, 3)[1] == 3  # never more than asked for
 
 
+def test_loop_shape() -> None:
+    assert metrics.loop_shape(8, 100) == (20, 5)  # 100 small ops: 5 loops of 20
+    k, loops = metrics.loop_shape(64 * metrics.MIB, 100)
+    assert k == 2 and loops == 5  # at least 2 back to back, at most 256 MiB of buffers
+    assert metrics.loop_shape(2 * metrics.MIB, 100) == (10, 5)
+
+
+def test_every_timed_call_is_checked() -> None:
+    """A wrong answer from any call of a timed loop, not only the first, marks the figure."""
+    import torch
+
+    from pyc10d.bench.worker import Op, time_op
+
+    class OneRankDist:
+        ReduceOp = type("R", (), {"MAX": "max"})
+        calls = 0
+
+        def all_reduce(self, t: torch.Tensor, op: object = None) -> None:
+            self.calls += 1
+            if self.calls == 9 and op is None:  # one timed call in the middle goes wrong
+                t.add_(1)
+
+        def barrier(self) -> None:
+            pass
+
+    dist = OneRankDist()
+    op = Op(dist, "all_reduce", 4, 0, 1, 4)
+    times, ok = time_op(dist, op, 4, 3, "loop")
+    assert len(times) == 3 and not ok
+    dist.calls = -100
+    assert time_op(dist, Op(dist, "all_reduce", 4, 0, 1, 4), 4, 3, "barrier")[1]
+
+
 def test_best_of_rounds_keeps_the_faster_round_and_any_failure() -> None:
     from pyc10d.bench.__main__ import best_of_rounds
 
@@ -65,3 +98,23 @@ def test_bench_run_writes_checked_records(tmp_path: Path) -> None:
     if importlib.util.find_spec("matplotlib") is not None:  # the plot needs the bench extra
         assert (tmp_path / "smoke.png").stat().st_size > 0
     assert "all_reduce, world size 2" in proc.stdout
+
+
+def test_readme_tables_come_from_the_reference_file(tmp_path: Path) -> None:
+    from pyc10d.bench import readme
+
+    def rec(backend: str, t: float, ok: bool = True) -> dict:
+        return {"kind": "collective", "backend": backend, "op": "all_reduce", "world_size": 2,
+                "bytes": 8, "time_us": t, "correct": ok}
+
+    records = [{"kind": "meta", "time": "T", "cpus": 2, "platform": "P", "mode": "loop"},
+               {"kind": "memcpy", "bytes": 64 * metrics.MIB, "GBps": 12.5},
+               rec("pyc10d-shm", 20.0), rec("pyc10d-tcp", 400.0, ok=False), rec("gloo", 200.0)]
+    text = readme.markdown(records, "ref.json")
+    assert "| 8B | 2 | 20.0 | 400 | 200 | 10.00x | 0.50x (wrong!) |" in text, text
+    assert "Slower than Gloo in this run: pyc10d-tcp all_reduce 8B n=2" in text and "12.5 GB/s" in text
+    doc = tmp_path / "README.md"
+    doc.write_text(f"intro\n{readme.BEGIN}\nold\n{readme.END}\nrest\n")
+    readme.write_into(doc, text)
+    body = doc.read_text()
+    assert body.startswith("intro\n") and body.endswith("rest\n") and "old" not in body and "10.00x" in body

@@ -71,11 +71,11 @@ def best_of_rounds(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_job(backend: str, world_size: int, ops: list[str], sizes: list[int], iters: int,
-            timeout: float, workdir: Path) -> tuple[list[dict[str, Any]], str | None]:
+            timeout: float, workdir: Path, mode: str = "loop") -> tuple[list[dict[str, Any]], str | None]:
     """One job: ``world_size`` ranks of ``backend``; returns (records, error or None)."""
     out = workdir / f"{backend}-{world_size}.json"
     job = ["--backend", backend, "--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes)),
-           "--iters", str(iters), "--out", str(out)]
+           "--iters", str(iters), "--mode", mode, "--out", str(out)]
     if in_threads(backend):  # one process, its ranks are threads
         cmd = [sys.executable, "-m", "pyc10d.bench.worker", "--world-size", str(world_size), *job]
     else:
@@ -123,8 +123,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--extra-sizes", type=lambda v: [metrics.parse_size(x) for x in csv(v)],
                    default=[16 * metrics.MIB],
                    help="sizes added to the grid when within min..max (default 16M)")
-    p.add_argument("--iters", type=int, default=30,
-                   help="timed iterations up to 1 MiB, scaled down above (min 8)")
+    p.add_argument("--iters", type=int, default=100,
+                   help="timed ops per figure up to 1 MiB (5 loops), scaled down above (min 10)")
+    p.add_argument("--mode", choices=("loop", "barrier"), default="loop",
+                   help="loop (default): each figure is a loop of K ops back to back / K, max over "
+                   "ranks; barrier: a barrier before each op (hides ranks drifting apart)")
     p.add_argument("--rounds", type=int, default=2,
                    help="run every job this many times, interleaved, and keep each figure's "
                    "fastest round (default 2)")
@@ -170,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     records: list[dict[str, Any]] = [{
         "kind": "meta", "time": stamp, "argv": sys.argv[1:], "python": platform.python_version(),
-        "platform": platform.platform(), "cpus": os.cpu_count(), "sizes": sizes,
+        "platform": platform.platform(), "cpus": os.cpu_count(), "sizes": sizes, "mode": args.mode,
     }]
     mem = memcpy_bandwidth()
     print(f"memcpy bound: torch copy_ of {metrics.format_size(mem['bytes'])}, 1 thread: "
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)
                     t0 = time.monotonic()
                     recs, err = run_job(backend, ws, args.ops, sizes, args.iters, args.timeout,
-                                        Path(tmp))
+                                        Path(tmp), args.mode)
                     if err:
                         failed = True
                         print(f"   {backend} world size {ws} FAILED: {err}", flush=True)

@@ -93,3 +93,11 @@ def bandwidths(op: str, nbytes: int, seconds: float, world_size: int) -> tuple[f
     """(algbw, busbw) in GB/s for one op of ``nbytes`` taking ``seconds``."""
     algbw = nbytes / seconds / 1e9 if seconds > 0 else float("nan")
     return algbw, algbw * BUS_FACTOR[op](world_size)
+
+
+def loop_shape(nbytes: int, ops: int, loops: int = 5) -> tuple[int, int]:
+    """(K ops back to back per loop, loops) for a message of ``nbytes``: ``ops`` timed ops
+    in all up to 1 MiB, proportionally fewer above (at least 2 per loop), and K messages at
+    most 256 MiB (every op of a loop has buffers of its own, so each result is checked)."""
+    per_loop = ops // loops if nbytes <= MIB else ops * MIB // nbytes // loops
+    return max(2, min(per_loop, (256 * MIB) // max(nbytes, 1))), loops

@@ -4,11 +4,12 @@
 all_reduce --sizes 8,1024 --iters 20 --out result.json``; for a threaded backend the driver
 starts one worker with ``--world-size N`` instead, whose ranks are N threads.
 
-Every rank joins the group over ``env://``; for each op and size it builds float32 tensors,
-checks the result of the first call against values computed locally, runs the warm-up
-calls, then the timed ones: ``barrier(); t0; op; t1`` per iteration. The per-iteration times
-are reduced with MAX over the ranks (the op is done when its slowest rank is), and rank 0
-writes one record per (op, size) with the median, mean and min of those to ``--out``.
+Every rank joins the group over ``env://``; for each op and size it builds K sets of float32
+buffers, and times loops of K calls back to back (``--mode loop``, the default) or K calls
+each after a barrier (``--mode barrier``); every timed call's result is checked against
+values computed locally. Each loop's time per op is reduced with MAX over the ranks (the op
+is done when its slowest rank is), and rank 0 writes one record per (op, size) with the
+median, mean and min over loops to ``--out``.
 """
 
 from __future__ import annotations
@@ -42,62 +43,89 @@ def load_backend(name: str) -> tuple[ModuleType, str]:
     raise ValueError(f"unknown backend {name!r}: use pyc10d-<name>, gloo or torch-<name>")
 
 
-def make_op(dist: ModuleType, op: str, count: int, rank: int, n: int
-            ) -> tuple[Callable[[], Any], Callable[[], bool], Callable[[], None]]:
-    """(run, check, reset) for one op over ``count`` float32 elements of full message.
+class Op:
+    """One op over ``count`` float32 elements, on ``k`` buffer sets of its own: call ``run(i)``
+    for i < k, then ``check()`` tells whether every one of those calls gave the right answer.
+    ``reset()`` restores the inputs (in-place ops overwrite them), outside any timing."""
 
-    ``check`` tells whether the first ``run`` gave the right answer; ``reset`` zeroes the
-    buffers that in-place ops keep accumulating into, so timing never meets inf/NaN.
-    """
+    def __init__(self, dist: ModuleType, op: str, count: int, rank: int, n: int, k: int) -> None:
+        self.run, self.check, self.reset = _make(dist, op, count, rank, n, k)
+
+
+def _make(dist: ModuleType, op: str, count: int, rank: int, n: int, k: int
+          ) -> tuple[Callable[[int], Any], Callable[[], bool], Callable[[], None]]:
     total = n * (n + 1) / 2  # sum over ranks of (rank + 1)
-    if op in ("all_reduce", "reduce"):
-        t = torch.full((count,), float(rank + 1))
+    mine = float(rank + 1)
+    if op in ("all_reduce", "reduce", "broadcast"):
+        bufs = [torch.full((count,), mine) for _ in range(k)]
         if op == "all_reduce":
-            def run() -> Any:
-                return dist.all_reduce(t)
+            def run(i: int) -> Any:
+                return dist.all_reduce(bufs[i])
+            want = total
+        elif op == "reduce":
+            def run(i: int) -> Any:
+                return dist.reduce(bufs[i], dst=0)
+            want = total if rank == 0 else mine
         else:
-            def run() -> Any:
-                return dist.reduce(t, dst=0)
+            def run(i: int) -> Any:
+                return dist.broadcast(bufs[i], src=0)
+            want = 1.0
 
-        def check() -> bool:
-            return (rank != 0 and op == "reduce") or bool((t == total).all())
+        def reset() -> None:
+            for b in bufs:
+                b.fill_(mine)
 
-        return run, check, t.zero_
-    if op == "broadcast":
-        t = torch.full((count,), float(rank + 1))
-        return (lambda: dist.broadcast(t, src=0)), (lambda: bool((t == 1).all())), lambda: None
+        return run, (lambda: all(bool((b == want).all()) for b in bufs)), reset
     part = count // n
     if op == "all_gather_into_tensor":
-        inp, out = torch.full((part,), float(rank + 1)), torch.empty(count)
-        want = torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(part)
-        return ((lambda: dist.all_gather_into_tensor(out, inp)),
-                (lambda: bool(torch.equal(out, want))), lambda: None)
+        inp, outs = torch.full((part,), mine), [torch.empty(count) for _ in range(k)]
+        gathered = torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(part)
+        return ((lambda i: dist.all_gather_into_tensor(outs[i], inp)),
+                (lambda: all(torch.equal(o, gathered) for o in outs)), lambda: None)
     if op == "reduce_scatter_tensor":
-        inp, out = torch.full((count,), float(rank + 1)), torch.empty(part)
-        return ((lambda: dist.reduce_scatter_tensor(out, inp)),
-                (lambda: bool((out == total).all())), lambda: None)
+        inp, outs = torch.full((count,), mine), [torch.empty(part) for _ in range(k)]
+        return ((lambda i: dist.reduce_scatter_tensor(outs[i], inp)),
+                (lambda: all(bool((o == total).all()) for o in outs)), lambda: None)
     if op == "all_to_all_single":
         # chunk j of rank r holds r*n + j; rank r receives chunk r of every rank j
         inp = (rank * n + torch.arange(n, dtype=torch.float32)).repeat_interleave(part)
-        out = torch.empty(count)
-        want = (torch.arange(n, dtype=torch.float32) * n + rank).repeat_interleave(part)
-        return ((lambda: dist.all_to_all_single(out, inp)),
-                (lambda: bool(torch.equal(out, want))), lambda: None)
+        outs = [torch.empty(count) for _ in range(k)]
+        exchanged = (torch.arange(n, dtype=torch.float32) * n + rank).repeat_interleave(part)
+        return ((lambda i: dist.all_to_all_single(outs[i], inp)),
+                (lambda: all(torch.equal(o, exchanged) for o in outs)), lambda: None)
     raise ValueError(f"unknown op {op!r}")
 
 
-def time_op(dist: ModuleType, run: Callable[[], Any], warmup: int, iters: int) -> list[float]:
-    """Per-iteration seconds, each the max over ranks of ``barrier(); t0; op; t1``."""
-    for _ in range(warmup):
-        run()
-    times = torch.empty(iters, dtype=torch.float64)
-    for i in range(iters):
-        dist.barrier()
-        t0 = time.perf_counter()
-        run()
-        times[i] = time.perf_counter() - t0
+def time_op(dist: ModuleType, op: Op, k: int, reps: int, mode: str) -> tuple[list[float], bool]:
+    """Seconds per op, one figure per repetition, each the max over ranks; and whether every
+    timed call gave the right answer.
+
+    ``loop`` (the default, as training code calls collectives and nccl-tests times them):
+    ``barrier(); t0; K ops back to back; (t1 - t0) / K``: ranks drifting apart costs what it
+    costs. ``barrier``: a barrier before every op, each op timed alone (a second figure).
+    """
+    op.run(0)  # warm-up
+    times = torch.empty(reps, dtype=torch.float64)
+    ok = True
+    for r in range(reps):
+        op.reset()
+        if mode == "loop":
+            dist.barrier()
+            t0 = time.perf_counter()
+            for i in range(k):
+                op.run(i)
+            times[r] = (time.perf_counter() - t0) / k
+        else:
+            total = 0.0
+            for i in range(k):
+                dist.barrier()
+                t0 = time.perf_counter()
+                op.run(i)
+                total += time.perf_counter() - t0
+            times[r] = total / k
+        ok = ok and op.check()
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    return times.tolist()
+    return times.tolist(), ok
 
 
 def in_threads(name: str) -> bool:
@@ -122,18 +150,15 @@ def bench(args: argparse.Namespace, init: Callable[[], None] | None = None) -> l
             for nbytes in (int(s) for s in args.sizes.split(",")):
                 count = metrics.element_count(op, nbytes, n)
                 size = count * metrics.DTYPE_BYTES
-                warmup, iters = metrics.iterations(size, args.iters)
-                run, check, reset = make_op(dist, op, count, rank, n)
-                run()
-                ok = torch.tensor([1 if check() else 0], dtype=torch.int32)
+                k, reps = metrics.loop_shape(size, args.iters)
+                times, correct = time_op(dist, Op(dist, op, count, rank, n, k), k, reps, args.mode)
+                ok = torch.tensor([1 if correct else 0], dtype=torch.int32)
                 dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-                reset()
-                times = time_op(dist, run, warmup, iters)
                 med = statistics.median(times)
                 algbw, busbw = metrics.bandwidths(op, size, med, n)
-                rec = {"kind": "collective", "backend": args.backend, "op": op,
+                rec = {"kind": "collective", "backend": args.backend, "op": op, "mode": args.mode,
                        "world_size": n, "bytes": size, "count": count, "dtype": "float32",
-                       "iters": iters, "warmup": warmup, "time_us": med * 1e6,
+                       "iters": k * reps, "ops_per_loop": k, "loops": reps, "time_us": med * 1e6,
                        "mean_us": statistics.fmean(times) * 1e6, "min_us": min(times) * 1e6,
                        "algbw_GBps": algbw, "busbw_GBps": busbw, "correct": bool(ok.item())}
                 records.append(rec)
@@ -181,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", required=True)
     p.add_argument("--ops", required=True, help="comma-separated op names")
     p.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
-    p.add_argument("--iters", type=int, default=30, help="timed iterations up to 1 MiB")
+    p.add_argument("--iters", type=int, default=30, help="timed ops per figure up to 1 MiB")
+    p.add_argument("--mode", choices=("loop", "barrier"), default="loop",
+                   help="loop: K ops back to back per timing; barrier: a barrier before each op")
     p.add_argument("--out", required=True, help="JSON file rank 0 writes its records to")
     p.add_argument("--world-size", type=int, default=0,
                    help="ranks as threads of this process (threaded backends; no launcher)")
