@@ -390,20 +390,7 @@ def destroy_process_group(group: Any = None) -> None:
 
     With no argument: every group, the default one last, and the world is reset.
     """
-    world = current_world()
-    if group is None or group is world.default_pg:
-        if world.default_pg is None:
-            warnings.warn("destroy_process_group: no process group is initialized", stacklevel=2)
-            return
-        for pg in list(world.pg_names):
-            if pg is not world.default_pg and isinstance(pg, ProcessGroup):
-                pg.shutdown()
-        world.default_pg.shutdown()
-        world.reset()
-        return
-    if isinstance(group, ProcessGroup):
-        group.shutdown()
-    world.unregister(group)
+    _end_groups(group, "shutdown")
 
 
 def abort_process_group(group: Any = None) -> None:
@@ -415,18 +402,26 @@ def abort_process_group(group: Any = None) -> None:
     survivors of a failed rank with a new store prefix and renumbered ranks (see
     ``examples/elastic_shrink.py``). torch spells it ``_abort_process_group``.
     """
+    _end_groups(group, "abort")
+
+
+def _end_groups(group: Any, how: str) -> None:
+    """``shutdown`` or ``abort`` one group, or (None / the default group) every group, the
+    default one last, and reset the world."""
     world = current_world()
     if group is None or group is world.default_pg:
         if world.default_pg is None:
+            if how == "shutdown":
+                warnings.warn("destroy_process_group: no process group is initialized", stacklevel=3)
             return
         for pg in list(world.pg_names):
             if pg is not world.default_pg and isinstance(pg, ProcessGroup):
-                pg.abort()
-        world.default_pg.abort()
+                getattr(pg, how)()
+        getattr(world.default_pg, how)()
         world.reset()
         return
     if isinstance(group, ProcessGroup):
-        group.abort()
+        getattr(group, how)()
     world.unregister(group)
 
 
