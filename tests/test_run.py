@@ -90,6 +90,7 @@ FAIL_ONE = """
         pid = int(open(os.path.join(out, f"pid_{{fail}}")).read())
         while not dead(pid):
             time.sleep(0.001)
+        time.sleep(0.2)  # a peer learns of a death through its connections, not at once
         sys.exit(7)
     time.sleep(300)
 """

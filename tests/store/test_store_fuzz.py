@@ -25,6 +25,13 @@ import pytest
 from pyc10d.store import TCPStore
 from pyc10d.store import tcp as store_tcp
 
+
+@pytest.fixture(autouse=True)
+def _no_auth_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests speak the unauthenticated wire (tests/test_auth.py covers the token)."""
+    monkeypatch.delenv("PYC10D_AUTH_TOKEN", raising=False)
+
+
 HEAD, LEN = struct.Struct("!BI"), struct.Struct("!I")
 OPS = range(1, 12)
 SET, MGET, ADD, WAIT, MSET = 1, 2, 3, 5, 9

@@ -22,6 +22,13 @@ from pyc10d.store import HashStore, PrefixStore, Store
 from pyc10d.transport import framed
 from pyc10d.transport.tcp import _HEADER, _HELLO, HELLO_TIMEOUT_S, TCPTransport
 
+
+@pytest.fixture(autouse=True)
+def _no_auth_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests speak the unauthenticated wire (tests/test_auth.py covers the token)."""
+    monkeypatch.delenv("PYC10D_AUTH_TOKEN", raising=False)
+
+
 FRAMES = int(os.environ.get("PYC10D_FUZZ_FRAMES", "3000"))
 CH = (5 << 32) | 1
 
