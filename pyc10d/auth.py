@@ -88,6 +88,76 @@ def client_handshake(sock: socket.socket, secret: bytes) -> None:
     sock.sendall(_mac(secret, b"client", theirs, mine))
 
 
+class ServerHandshake:
+    """The server's side of the handshake as a state machine fed with bytes, no socket.
+
+    Why: the TCPStore server runs one event loop for every connection and must never block
+    on one client, so it hands over whatever ``recv`` returned and sends what comes back;
+    ``server_handshake`` drives the same machine on a blocking socket, so both speak exactly
+    the same protocol and fail with the same words.
+    """
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+        self._got = bytearray()
+        self._mine = self._theirs = b""
+        self.done = False
+
+    @property
+    def stage(self) -> str:
+        """Where the handshake is, in the words of an error about it."""
+        if self._mine:
+            return "before proving its token (a different PYC10D_AUTH_TOKEN?)"
+        if len(self._got) >= len(MAGIC):
+            return "in the middle of the handshake"
+        return "before authenticating"
+
+    def want(self) -> int:
+        """How many bytes the next step needs; before the magic is complete, one at a time, so
+        a plain request shorter than the magic is told apart at once."""
+        if self._mine:
+            return _MAC - len(self._got)
+        if len(self._got) < len(MAGIC):
+            return 1
+        return len(MAGIC) + _NONCE - len(self._got)
+
+    def feed(self, data: bytes) -> tuple[bytes, bytes]:
+        """Take received bytes; returns (bytes to send, bytes that came after the handshake).
+
+        Raises ``NotAuthenticating`` as soon as the bytes cannot be the magic, ``AuthError``
+        for a wrong proof. ``done`` turns True once the client proved the token.
+        """
+        self._got += data
+        if not self._mine:
+            head = bytes(self._got[: len(MAGIC)])
+            if not MAGIC.startswith(head):
+                raise NotAuthenticating("the peer did not authenticate (no PYC10D_AUTH_TOKEN set?)")
+            if len(self._got) < len(MAGIC) + _NONCE:
+                return b"", b""
+            self._theirs = bytes(self._got[len(MAGIC): len(MAGIC) + _NONCE])
+            rest = bytes(self._got[len(MAGIC) + _NONCE:])
+            self._mine = os.urandom(_NONCE)
+            self._got = bytearray(rest)
+            reply = MAGIC + self._mine + _mac(self._secret, b"server", self._theirs, self._mine)
+            return reply, self._finish()
+        return b"", self._finish()
+
+    def _finish(self) -> bytes:
+        if len(self._got) < _MAC:
+            return b""
+        proof, rest = bytes(self._got[:_MAC]), bytes(self._got[_MAC:])
+        if not hmac.compare_digest(proof, _mac(self._secret, b"client", self._mine, self._theirs)):
+            raise AuthError("the peer's proof does not match: its PYC10D_AUTH_TOKEN differs")
+        self.done = True
+        self._got = bytearray()
+        return rest
+
+    def ended(self, timed_out: bool) -> AuthError:
+        """The error for a peer that closed (or, ``timed_out``, went silent) mid-handshake."""
+        what = "sent nothing in time" if timed_out else "closed the connection"
+        return AuthError(f"the peer {what} {self.stage}")
+
+
 def server_handshake(sock: socket.socket, secret: bytes) -> None:
     """Check that the client on ``sock`` holds ``secret`` (and prove that we do).
 
@@ -95,15 +165,8 @@ def server_handshake(sock: socket.socket, secret: bytes) -> None:
     token), ``AuthError`` for a wrong proof, a closed connection or a silent peer (bound the
     wait with the socket's timeout).
     """
-    # Byte by byte as they come: a plain request shorter than the magic is told apart at once.
-    got = b""
-    while len(got) < len(MAGIC):
-        got += _recv(sock, 1, "before authenticating")
-        if not MAGIC.startswith(got):
-            raise NotAuthenticating("the peer did not authenticate (no PYC10D_AUTH_TOKEN set?)")
-    theirs = _recv(sock, _NONCE, "in the middle of the handshake")
-    mine = os.urandom(_NONCE)
-    sock.sendall(MAGIC + mine + _mac(secret, b"server", theirs, mine))
-    proof = _recv(sock, _MAC, "before proving its token (a different PYC10D_AUTH_TOKEN?)")
-    if not hmac.compare_digest(proof, _mac(secret, b"client", mine, theirs)):
-        raise AuthError("the peer's proof does not match: its PYC10D_AUTH_TOKEN differs")
+    hs = ServerHandshake(secret)
+    while not hs.done:
+        reply, _ = hs.feed(_recv(sock, hs.want(), hs.stage))
+        if reply:
+            sock.sendall(reply)
