@@ -50,54 +50,56 @@ def _combiner(reduce_op: str, what: str):  # noqa: ANN202
     return fn
 
 
-#: Bytes of the tensor reduced per pipeline step: small enough that the reduced slices a
-#: rank copies from its peers are still in the shared cache when it reads them.
+#: Bytes of the tensor reduced per step. A rank copies its peers' reduced slices of a chunk
+#: soon after they wrote them, so they are still in the shared cache when chunks are small;
+#: every chunk costs Python calls and a signal per peer, which is what bounds it below.
 CHUNK_BYTES = int(os.environ.get("PYC10D_SYMM_CHUNK_BYTES", 1 << 20))
 
 
 def two_shot_all_reduce_(t: torch.Tensor, reduce_op: str = "sum", group_name: str | None = None) -> torch.Tensor:
     """Reduce ``t`` (a contiguous tensor in symmetric memory) over its group, in place.
 
-    Chunk by chunk: each rank reduces its 1/n slice of chunk k out of every rank's tensor
-    and signals it (a counted signal per chunk), then copies the peers' reduced slices of
-    chunk k - 1, which they finished a step earlier. A rank overwrites a peer's slice in its
-    own tensor only after that peer said it is done reading it, so no rank reads a reduced
-    value as an input.
+    Chunk by chunk, each rank reduces its 1/n slice of the chunk out of every rank's tensor
+    into its own (AVG divided right there, while the slice is in cache) and signals its
+    peers (a counted signal per chunk). After each chunk it copies whichever of its peers'
+    reduced slices are ready, without waiting; it sleeps only once all its own slices are
+    done. So ranks that run side by side copy each other's slices while they are still in
+    cache, and a rank whose peer is descheduled keeps working instead of sleeping once per
+    chunk. A rank overwrites a peer's slice in its own tensor only after that peer said it
+    has reduced it — and so no longer reads it — hence no rank reads a reduced value as an
+    input.
     """
     combine = _combiner(reduce_op, "two_shot_all_reduce_")
     h, peers = _peers(t, group_name, "two_shot_all_reduce_")
     n, me, numel = h.world_size, h.rank, t.numel()
+    avg = reduce_op.lower() == "avg"
     step = max(n, CHUNK_BYTES // max(1, t.element_size()))
     chunks = [(lo, min(lo + step, numel)) for lo in range(0, numel, step)] or [(0, 0)]
+    bounds = [[(lo + p * (hi - lo) // n, lo + (p + 1) * (hi - lo) // n) for p in range(n)] for lo, hi in chunks]
+    others = [(me + j) % n for j in range(1, n)]
+    copied = dict.fromkeys(others, 0)  # chunks of each peer already copied
 
-    def slices(k: int) -> list[tuple[int, int]]:
-        lo, hi = chunks[k]
-        size = hi - lo
-        return [(lo + p * size // n, lo + (p + 1) * size // n) for p in range(n)]
-
-    def reduce_chunk(k: int) -> None:
-        a, b = slices(k)[me]
-        mine = peers[me][a:b]
-        for j in range(1, n):
-            combine(mine, peers[(me + j) % n][a:b])
-        if reduce_op.lower() == "avg":
-            mine.div_(n)
-        h.chunk_reduced()
-
-    def gather_chunk(k: int) -> None:
-        bounds = slices(k)
-        for j in range(1, n):
-            p = (me + j) % n
-            h.wait_chunk_reduced(p)
-            a, b = bounds[p]
+    def copy_ready(p: int, block: bool) -> None:
+        ready = copied[p] + h.chunks_reduced(p, len(chunks) - copied[p], block)
+        for k in range(copied[p], ready):
+            a, b = bounds[k][p]
             peers[me][a:b].copy_(peers[p][a:b])
+        copied[p] = ready
 
     h.barrier()
     for k in range(len(chunks)):
-        reduce_chunk(k)
-        if k:
-            gather_chunk(k - 1)
-    gather_chunk(len(chunks) - 1)
+        a, b = bounds[k][me]
+        mine = peers[me][a:b]
+        for p in others:
+            combine(mine, peers[p][a:b])
+        if avg:
+            mine.div_(n)
+        h.chunk_reduced()
+        for p in others:
+            copy_ready(p, False)
+    for p in others:
+        while copied[p] < len(chunks):
+            copy_ready(p, True)
     h.barrier()
     return t
 
