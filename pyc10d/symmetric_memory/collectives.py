@@ -50,6 +50,15 @@ def _combiner(reduce_op: str, what: str):  # noqa: ANN202
     return fn
 
 
+def _divider(n: int, dtype: torch.dtype):  # noqa: ANN202
+    """In-place division by ``n`` for AVG. For a power of two, multiplying by ``1 / n`` is
+    exact and so gives the same bits as dividing, at half the cost on this CPU (the slice
+    is in cache, so the arithmetic is what it waits for)."""
+    if n & (n - 1) == 0 and dtype.is_floating_point:
+        return lambda x: x.mul_(1.0 / n)
+    return lambda x: x.div_(n)
+
+
 #: Bytes of the tensor reduced per step. A rank copies its peers' reduced slices of a chunk
 #: soon after they wrote them, so they are still in the shared cache when chunks are small;
 #: every chunk costs Python calls and a signal per peer, which is what bounds it below.
@@ -72,7 +81,7 @@ def two_shot_all_reduce_(t: torch.Tensor, reduce_op: str = "sum", group_name: st
     combine = _combiner(reduce_op, "two_shot_all_reduce_")
     h, peers = _peers(t, group_name, "two_shot_all_reduce_")
     n, me, numel = h.world_size, h.rank, t.numel()
-    avg = reduce_op.lower() == "avg"
+    divide = _divider(n, t.dtype) if reduce_op.lower() == "avg" else None
     step = max(n, CHUNK_BYTES // max(1, t.element_size()))
     chunks = [(lo, min(lo + step, numel)) for lo in range(0, numel, step)] or [(0, 0)]
     bounds = [[(lo + p * (hi - lo) // n, lo + (p + 1) * (hi - lo) // n) for p in range(n)] for lo, hi in chunks]
@@ -92,8 +101,8 @@ def two_shot_all_reduce_(t: torch.Tensor, reduce_op: str = "sum", group_name: st
         mine = peers[me][a:b]
         for p in others:
             combine(mine, peers[p][a:b])
-        if avg:
-            mine.div_(n)
+        if divide is not None:
+            divide(mine)
         h.chunk_reduced()
         for p in others:
             copy_ready(p, False)
