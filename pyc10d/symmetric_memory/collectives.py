@@ -3,11 +3,14 @@
 Unlike the shm backend's arena, nothing is copied into a staging area first: every rank's
 tensor already lies where the others can read it.
 
-* ``two_shot_all_reduce_`` (in place; n ranks, S bytes): barrier; each rank reduces its
-  1/n slice out of every rank's tensor into its own (reads S, writes S/n); barrier; each
-  rank copies the other n - 1 reduced slices from their owners (reads and writes
-  S (n - 1)/n); barrier. About 3 bytes of memory traffic per byte reduced, where the
-  arena's copy-in / reduce / copy-out moves about 5.5.
+* ``two_shot_all_reduce_`` (in place; n ranks, S bytes): barrier; chunk by chunk, each
+  rank reduces its 1/n slice out of every rank's tensor into its own (reads S, writes S/n;
+  AVG scaled there) and copies the other n - 1 reduced slices from their owners as they
+  become ready (reads and writes S (n - 1)/n); barrier. About 3 bytes of traffic per byte,
+  where the arena's copy-in / reduce / copy-out moves about 5.5. Counted in DRAM lines it
+  is less: a chunk's reduced slices and the lines they overwrite were touched by a peer a
+  moment before and are still in the shared cache, so the group reads every rank's tensor
+  once and writes it once (2 n S in all), the least an in-place all-reduce can move.
 * ``one_shot_all_reduce`` (out of place): barrier; each rank sums all n tensors into a new
   one (reads n x S); barrier. Fewer steps, more reads: for small tensors.
 
