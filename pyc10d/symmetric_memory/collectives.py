@@ -66,7 +66,8 @@ def _divider(n: int, dtype: torch.dtype):  # noqa: ANN202
 #: soon after they wrote them, so what a step touches on all ranks together (about twice
 #: the chunk) should stay well inside the shared L3 (32 MiB here); every chunk costs about
 #: 15 us of Python calls and signals per rank (30 us at 4 ranks on 2 cores), and more when
-#: ranks outnumber free cores. 4 MiB measured best here at 2 and 4 ranks (1 MiB: 10-20% slower).
+#: ranks outnumber free cores. 4 MiB measured best here: 1 MiB was as fast at 2 ranks on a
+#: quiet host, but 10-30% slower at 4 ranks or with other work on the cores.
 CHUNK_BYTES = int(os.environ.get("PYC10D_SYMM_CHUNK_BYTES", 4 << 20))
 
 
