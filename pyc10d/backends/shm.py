@@ -47,10 +47,12 @@ SLOT_BYTES: int | None = None
 #: The seam symmetric memory plugs into (``pyc10d.symmetric_memory`` sets it when imported):
 #: ``symmetric_allreduce(t, reduce_op_name, group_name)`` returns a function reducing ``t``
 #: in place straight out of the peers' memory when ``t`` lives in this group's symmetric
-#: memory, else None. Tensors under ``SYMMETRIC_MIN_BYTES`` take the arena either way.
+#: memory, else None. Tensors under ``SYMMETRIC_MIN_BYTES`` take the arena either way. The
+#: plan divides an AVG itself, slice by slice while each slice is in cache: a second pass over
+#: the whole tensor would cost as much memory traffic as the reduction.
 symmetric_allreduce: Callable[[torch.Tensor, str, str], Callable[[], Any] | None] | None = None
 SYMMETRIC_MIN_BYTES = 64 << 10
-_SYMMETRIC_OPS = {RedOpType.SUM: "sum", RedOpType.AVG: "sum", RedOpType.MAX: "max", RedOpType.MIN: "min",
+_SYMMETRIC_OPS = {RedOpType.SUM: "sum", RedOpType.AVG: "avg", RedOpType.MAX: "max", RedOpType.MIN: "min",
                   RedOpType.PRODUCT: "product"}
 
 
@@ -156,7 +158,7 @@ class ShmBackend(Backend):
             direct()
         else:
             algo.select_shm("allreduce", comm.size, nbytes, sc.arena.slot_bytes)(sc, flat(h), red)
-        finish(h, red, comm.size)
+            finish(h, red, comm.size)
         writeback(t, h)
 
     def _gather_into(self, comm: algo.Comm, out: torch.Tensor, inp: torch.Tensor) -> None:

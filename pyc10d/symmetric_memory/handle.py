@@ -144,8 +144,25 @@ class SymmetricMemory:
             if p != self._m.rank:
                 self._signal(p, REDUCE_CHANNEL)
 
-    def wait_chunk_reduced(self, src: int) -> None:
-        self._wait_for(src, REDUCE_CHANNEL, 0, "all_reduce")
+    def chunks_reduced(self, src: int, most: int, block: bool) -> int:
+        """How many more chunks ``src`` has reduced since the last call, at most ``most``
+        (their signals are consumed); with ``block``, wait until there is at least one.
+
+        Polling (``block=False``) is what lets a rank keep reducing while a peer is not
+        running — on a host with fewer free cores than ranks — and sleep once at the end,
+        instead of once per chunk."""
+        m = self._m
+        got = 0
+        if block and most > 0:
+            self._wait_for(src, REDUCE_CHANNEL, 0, "all_reduce")
+            got = 1
+        seg, i = m.word(m.rank, REDUCE_CHANNEL, src)
+        consumed = m.consumed[REDUCE_CHANNEL][src]
+        more = min((seg.words[i] - consumed) & _M, most - got)
+        if more > 0:
+            m.consumed[REDUCE_CHANNEL][src] = (consumed + more) & _M
+            got += more
+        return got
 
     def _signal(self, dst: int, channel: int) -> None:
         m = self._m

@@ -61,3 +61,30 @@ def _body(rank: int, ws: int) -> str:
 def test_all_reduce_of_symmetric_tensor(ws: int, chunk: int | None) -> None:
     patches = {"pyc10d.symmetric_memory.collectives.CHUNK_BYTES": chunk} if chunk else None
     assert run_ranks("shm", ws, _body, timeout=40, patches=patches) == ["raised"] * ws
+
+
+def _avg_of_random_values(rank: int, ws: int) -> tuple[torch.Tensor, torch.Tensor]:
+    name = dist.group.WORLD.group_name
+    symm.enable_symm_mem_for_group(name)
+    numel = shm.SYMMETRIC_MIN_BYTES // 4 * 3 + 5
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+    t = symm.empty_strided_p2p((numel,), (1,), torch.float32, "cpu", name)
+    t.copy_(x)
+    plain = x.clone()
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    dist.all_reduce(plain, op=dist.ReduceOp.AVG)
+    return t.clone(), plain
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_avg_divided_once_and_the_same_on_every_rank(ws: int) -> None:
+    """The symmetric path divides an AVG itself, chunk by chunk (the arena divides after):
+    its result must match the arena's to rounding and be bit-identical across ranks."""
+    results = run_ranks("shm", ws, _avg_of_random_values, timeout=40,
+                        patches={"pyc10d.symmetric_memory.collectives.CHUNK_BYTES": 4096})
+    numel = results[0][0].numel()
+    want = sum(torch.randn(numel, generator=torch.Generator().manual_seed(r)) for r in range(ws)) / ws
+    for sym, plain in results:
+        assert torch.equal(sym, results[0][0])
+        torch.testing.assert_close(sym, plain)
+        torch.testing.assert_close(sym, want)

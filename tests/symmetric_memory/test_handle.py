@@ -230,3 +230,28 @@ def _all_reduce_in_symmetric_memory(rank: int, ws: int) -> None:
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_all_reduce_in_symmetric_memory(world_size: int) -> None:
     run_ranks("shm", world_size, _all_reduce_in_symmetric_memory)
+
+
+def _all_reduce_with_a_slow_rank(rank: int, ws: int) -> None:
+    """The last rank reduces each chunk late, so the others find none of its slices ready
+    while they reduce theirs and must wait for them at the end, while the slow rank finds
+    all of theirs ready at once: both orders of the polling copy."""
+    from pyc10d.symmetric_memory import collectives
+
+    symm.enable_symm_mem_for_group("0")
+    if rank == ws - 1:
+        fast = collectives._COMBINE["sum"]
+        collectives._COMBINE["sum"] = lambda a, b: (time.sleep(0.005), fast(a, b))[1]
+    t = _alloc((4099,), torch.float64)
+    for step in range(2):  # the second call starts from the signal counts the first left
+        xs = [torch.randint(0, 100, (4099,), generator=torch.Generator().manual_seed(10 * step + r)).double()
+              for r in range(ws)]
+        t.copy_(xs[rank])
+        symm.two_shot_all_reduce_(t, "sum", "0")
+        assert torch.equal(t, sum(xs)), (step, (t != sum(xs)).nonzero()[:5])
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_all_reduce_with_a_slow_rank(world_size: int) -> None:
+    run_ranks("shm", world_size, _all_reduce_with_a_slow_rank,
+              patches={"pyc10d.symmetric_memory.collectives.CHUNK_BYTES": 1024})
