@@ -7,8 +7,8 @@ Queued operations run one at a time on a per-group progress thread, in issue ord
 ``async_op=True`` overlaps with the caller while completion order stays the issue order. A
 synchronous call on an idle group runs on the caller's thread (no thread hop), and so does a
 queued operation its issuing thread waits for before the progress thread took it up, when
-nothing earlier of the group is queued or running (see ``_run_here``): a caller that waits
-at once pays no hand-off to the progress thread and back.
+nothing earlier of the group is queued or running (see ``_run_here``): the operation is not
+handed to the progress thread and back when its caller waits at once.
 
 When an operation fails mid-flight (a peer lost, a mismatch, a timeout), the group is
 aborted: the other members are told why, their pending receives fail at once, and later
