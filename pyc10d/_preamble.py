@@ -61,9 +61,11 @@ _kernel = threading.local()
 def tracing() -> bool:
     """True under torch.compile, make_fx or any dispatch mode (fake, functional, proxy),
     except inside an operator's kernel: that is the real run, never a trace."""
-    if getattr(_kernel, "active", False):
-        return False
-    return torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0
+    # The thread-local lookup costs most (a miss raises inside getattr): only when needed.
+    # ``is_compiling`` first: under dynamo it folds to True before the C call is traced.
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        return not getattr(_kernel, "active", False)
+    return False
 
 
 @contextlib.contextmanager

@@ -5,7 +5,10 @@ it. Operations get a sequence number at issue time; their messages travel on the
 ``(group key, sequence)``, so operations of different groups sharing one transport never mix.
 Queued operations run one at a time on a per-group progress thread, in issue order, so
 ``async_op=True`` overlaps with the caller while completion order stays the issue order. A
-synchronous call on an idle group runs on the caller's thread (no thread hop).
+synchronous call on an idle group runs on the caller's thread (no thread hop), and so does a
+queued operation its issuing thread waits for before the progress thread took it up, when
+nothing earlier of the group is queued or running (see ``_run_here``): the operation is not
+handed to the progress thread and back when its caller waits at once.
 
 When an operation fails mid-flight (a peer lost, a mismatch, a timeout), the group is
 aborted: the other members are told why, their pending receives fail at once, and later
@@ -19,6 +22,7 @@ import queue
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -87,9 +91,13 @@ class Engine:
         self._owns_transport = owns_transport
         self._seq = 0
         self._lock = threading.Lock()
+        # Whoever runs an operation holds ``_exec`` and takes it off the head of ``_jobs``
+        # (under ``_lock``) while holding it: so every job runs exactly once, one at a time, in
+        # issue order, whether the progress thread or a waiter runs it (``_run_here``).
         self._exec = threading.Lock()
-        self._pending = 0
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending = 0  # issued and not finished
+        self._jobs: deque[tuple] = deque()  # issued, not yet taken up, in issue order
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # one token per queued job; None stops
         self._worker: threading.Thread | None = None
         self._broken: BaseException | None = None
         self._closed = False
@@ -166,21 +174,31 @@ class Engine:
             if fp:
                 seq = self._seq & 0x7FFFFFFF
                 self._fps[seq & (_FP_RING - 1)] = (seq, fp, opname)
-            inline = sync and self._pending == 0
+            # Taking ``_exec`` here, under ``_lock``, keeps a job issued meanwhile by another
+            # thread from running first; when only a stale token holds it, queue instead.
+            inline = sync and self._pending == 0 and self._exec.acquire(blocking=False)
             self._pending += 1
             if not inline:
-                self._queue.put(job)
+                self._jobs.append(job)
+                self._queue.put(True)
+                work._runner = self._run_here
+                work._issuer = threading.get_ident()
                 if self._worker is None:
                     self._worker = threading.Thread(
                         target=self._progress, daemon=True, name=f"pyc10d-progress-{self.group_name}"
                     )
                     self._worker.start()
-        box = self._box
-        if fp and (box is None or box.waiting_unexpected):  # messages that came before the op
-            for peer, meta in self.transport.unexpected_on(channel):
-                self._on_unexpected(peer, channel, meta)
+        try:
+            box = self._box
+            if fp and (box is None or box.waiting_unexpected):  # messages that came before the op
+                for peer, meta in self.transport.unexpected_on(channel):
+                    self._on_unexpected(peer, channel, meta)
+            error = self._run(job) if inline else None
+        finally:
+            if inline:
+                self._exec.release()
         if inline:
-            self._execute(job)
+            work._finish(error)
         return work
 
     def _on_unexpected(self, peer: int, channel: int, meta: int) -> None:
@@ -203,11 +221,39 @@ class Engine:
         self.transport.cancel(self.group_key, error)  # the operation waiting here fails with it
 
     def _progress(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            self._execute(job)
+        while self._queue.get() is not None:
+            # A token per queued job, put after the job: by the time this token comes up, its
+            # job is either at the head of ``_jobs`` or was already run by a waiter.
+            if not self._jobs:  # taken by a waiter: do not queue up behind it for nothing
+                continue
+            with self._exec:
+                with self._lock:
+                    job = self._jobs.popleft() if self._jobs else None
+                error = self._run(job) if job is not None else None
+            if job is not None:
+                job[0]._finish(error)
+
+    def _run_here(self, work: Work) -> bool:
+        """Run ``work``'s queued job on the calling thread, if that keeps the group's order.
+
+        Only when the job is next (nothing earlier of the group queued or running: ``_exec``
+        is free and the job heads ``_jobs``) and the caller issued it. The issuer, because a
+        job is one rank's part of a collective: on the threaded backend another thread is
+        another rank, which would block in this rank's part instead of doing its own. False
+        when the job is the progress thread's to run; the caller then waits for it.
+        """
+        if work._issuer != threading.get_ident() or not self._exec.acquire(blocking=False):
+            return False
+        try:
+            with self._lock:
+                if not self._jobs or self._jobs[0][0] is not work:
+                    return False
+                job = self._jobs.popleft()
+            error = self._run(job)  # its token, when the progress thread gets to it, finds nothing
+        finally:
+            self._exec.release()
+        work._finish(error)
+        return True
 
     def attach_progress_store(self, store: Any) -> None:
         """Publish this rank's progress in ``store`` and watch for stuck ranks (watchdog)."""
@@ -220,38 +266,39 @@ class Engine:
     def running(self) -> tuple[int, str, float] | None:
         return self._running_op
 
-    def _execute(self, job: tuple) -> None:
+    def _run(self, job: tuple) -> BaseException | None:
+        """Run ``job``; its error, if any. The caller holds ``_exec`` and finishes the Work
+        after releasing it (a Future's callbacks may issue the group's next operation)."""
         work, fn, channel, timeout, fp = job
         error: BaseException | None = None
-        with self._exec:
-            now = time.monotonic()
-            self._running_op = (work.seq, work.opname, now)
-            trace = work._trace
-            if trace is not None:  # (inlined: this runs for every operation)
-                trace[5] = now
-            self._entered = (work.seq, work.opname)
-            try:
-                if self._broken is not None:
-                    raise type(self._broken)(f"unusable after an earlier failure: {self._broken}")
-                if self._desync is not None:  # found after an earlier operation had returned
-                    raise self._desync
-                comm = Comm(self.transport, self.ranks, self._rank, channel, timeout, work.opname)
-                comm.scratch_pool = self._scratch
-                comm.fingerprint = fp
-                fn(comm)
-            except BaseException as e:  # noqa: BLE001 - handed to the waiter
-                if trace is not None:
-                    FlightRecorder.failed(trace)
-                error = self._with_trace(self._explain_failure(self._annotate(e, work), work))
-                self._fail_group(error)
-            finally:
-                self._running_op = None
-                if trace is not None and error is None:
-                    trace[6] = time.monotonic()
-                self._completed = (work.seq, work.opname)
-                with self._lock:
-                    self._pending -= 1
-        work._finish(error)
+        now = time.monotonic()
+        self._running_op = (work.seq, work.opname, now)
+        trace = work._trace
+        if trace is not None:  # (inlined: this runs for every operation)
+            trace[5] = now
+        self._entered = (work.seq, work.opname)
+        try:
+            if self._broken is not None:
+                raise type(self._broken)(f"unusable after an earlier failure: {self._broken}")
+            if self._desync is not None:  # found after an earlier operation had returned
+                raise self._desync
+            comm = Comm(self.transport, self.ranks, self._rank, channel, timeout, work.opname)
+            comm.scratch_pool = self._scratch
+            comm.fingerprint = fp
+            fn(comm)
+        except BaseException as e:  # noqa: BLE001 - handed to the waiter
+            if trace is not None:
+                FlightRecorder.failed(trace)
+            error = self._with_trace(self._explain_failure(self._annotate(e, work), work))
+            self._fail_group(error)
+        finally:
+            self._running_op = None
+            if trace is not None and error is None:
+                trace[6] = time.monotonic()
+            self._completed = (work.seq, work.opname)
+            with self._lock:
+                self._pending -= 1
+        return error
 
     def _annotate(self, error: BaseException, work: Work) -> BaseException:
         """Name the group and the operation's sequence number in pyc10d's own errors, so that

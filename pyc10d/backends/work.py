@@ -7,6 +7,7 @@ re-raises the error on the caller's thread, so a failure on the progress thread 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -31,6 +32,10 @@ class Work:
         self._lock = threading.Lock()
         self._source_rank = -1
         self._trace: list[Any] | None = None  # its flight-recorder entry
+        # Set by the engine for a queued operation: runs it on the waiting thread when that
+        # keeps the group's order (True), instead of waiting for the progress thread.
+        self._runner: Callable[[Work], bool] | None = None
+        self._issuer = 0  # the thread that issued it (``threading.get_ident``)
 
     # -- completion (called by the backend) -----------------------------------------------
     def _finish(self, error: BaseException | None = None) -> None:
@@ -54,9 +59,13 @@ class Work:
         if secs is not None and secs <= 0:
             secs = None
         if not self._finished:
-            if not self._latch.acquire(timeout=-1 if secs is None else secs):
-                raise DistTimeoutError(f"{self.opname}: Work.wait timed out after {secs:.1f}s")
-            self._latch.release()
+            runner = self._runner
+            # Only an unbounded wait may run the operation itself: a bounded one must be able
+            # to give up at its timeout, which an operation running on its thread cannot.
+            if not (runner is not None and secs is None and runner(self)):
+                if not self._latch.acquire(timeout=-1 if secs is None else secs):
+                    raise DistTimeoutError(f"{self.opname}: Work.wait timed out after {secs:.1f}s")
+                self._latch.release()
         if self._error is not None:
             raise self._error
         return True

@@ -5,8 +5,10 @@ ranks (``pyc10d.run``); every rank times, in the same processes and back to back
 
 * ``pyc10d.all_reduce(t)`` (in place, SUM) and ``pyc10d.functional.all_reduce`` followed by
   ``wait_tensor``, at each size: a loop of K operations divided by K, the maximum over the
-  ranks, the median of ``--reps`` loops. Every timed result is checked after its loop (each
-  op of a loop writes a tensor of its own).
+  ranks, the median of ``--reps`` loops. The two APIs' loops alternate, and ``ratio`` is the
+  median of the ratios of adjacent loops: on a shared machine load drifts, and a ratio of two
+  loops a few milliseconds apart sees the least of it. Every timed result is checked after
+  its loop (each op of a loop writes a tensor of its own).
 * overlap: a matmul alone (sized to take about as long as the collective), the functional
   all_reduce alone, and the all_reduce started, the matmul run, then the result used. The
   hidden share is ``(t_comm + t_matmul - t_both) / min(t_comm, t_matmul)``.
@@ -70,18 +72,24 @@ def _worker(args: argparse.Namespace) -> None:
         def functional(i: int, outs: list[Any] = outs, x: Any = x) -> None:
             outs[i] = ft_c.wait_tensor(ft_c.all_reduce(x, "sum", group))
 
-        for name, body in (("in-place", inplace), ("functional", functional)):
+        apis = (("in-place", inplace), ("functional", functional))
+        times: dict[str, list[float]] = {name: [] for name, _ in apis}
+        ok = {name: True for name, _ in apis}
+        for _, body in apis:
             body(0)  # warm-up
-            times = []
-            for _ in range(args.reps):
+        for _ in range(args.reps):  # the two APIs take turns, so drifting load hits both alike
+            for name, body in apis:
                 for b in bufs:
                     b.copy_(x)
-                times.append(_loop_time(dist, body, k, 1))
-            results = bufs if name == "in-place" else outs
-            ok = all(bool((r == total).all()) for r in results)
+                times[name].append(_loop_time(dist, body, k, 1))
+                results = bufs if name == "in-place" else outs
+                ok[name] = ok[name] and all(bool((r == total).all()) for r in results)
+        ratios = [f / i for i, f in zip(times["in-place"], times["functional"])]
+        for name, _ in apis:
             records.append({"kind": "funcol", "backend": args.backend, "world_size": n, "api": name,
-                            "bytes": count * 4, "time_us": statistics.median(times) * 1e6, "correct": ok,
-                            "iters": k, "reps": args.reps})
+                            "bytes": count * 4, "time_us": statistics.median(times[name]) * 1e6,
+                            "correct": ok[name], "iters": k, "reps": args.reps,
+                            "paired_ratio": statistics.median(ratios)})
     records += _overlap(dist, ft_c, args, rank, n, group)
     if rank == 0:
         Path(args.out).write_text(json.dumps(records))
@@ -140,7 +148,7 @@ def _print(records: list[dict[str, Any]]) -> None:
         func = next(r for r in rows if (r["backend"], r["world_size"], r["bytes"], r["api"]) == (b, n, nb, "functional"))
         ok = "yes" if inpl["correct"] and func["correct"] else "NO"
         print(f"{b:>10} {n:>2} {metrics.format_size(nb):>8} {inpl['time_us']:>12.1f} {func['time_us']:>14.1f} "
-              f"{func['time_us'] / inpl['time_us']:>5.2f}x {ok}")
+              f"{func['paired_ratio']:>5.2f}x {ok}")
     print("\noverlap: functional all_reduce started, a matmul, then the result used")
     print(f"{'backend':>10} {'n':>2} {'size':>8} {'comm us':>9} {'matmul us':>10} {'both us':>9} {'hidden':>7} ok")
     for r in (r for r in records if r["kind"] == "overlap"):

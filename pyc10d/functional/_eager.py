@@ -82,25 +82,34 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-_REDUCE_OPS: dict[str, Any] = {}
+# reduce op name -> (ReduceOp, AllreduceOptions): built once, the engine only reads them
+_REDUCE_OPS: dict[str, tuple[Any, AllreduceOptions]] = {}
 
 
-def _reduce_op(name: str) -> Any:
-    op = _REDUCE_OPS.get(name)
-    if op is None:
-        op = _REDUCE_OPS[name] = as_reduce_op(name)
-    return op
+def _reduce_op(name: str) -> tuple[Any, AllreduceOptions]:
+    hit = _REDUCE_OPS.get(name)
+    if hit is None:
+        op = as_reduce_op(name)
+        hit = _REDUCE_OPS[name] = (op, AllreduceOptions(reduceOp=op))
+    return hit
+
+
+def _snapshot(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t`` outside autograd: the collective's output, taken when it is
+    called (torch's semantics: changing the input afterwards does not change the result)."""
+    d = t.detach() if t.requires_grad else t
+    return d.clone() if d.is_contiguous() else d.clone(memory_format=torch.contiguous_format)
 
 
 def all_reduce(input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
-    out = input.detach().clone(memory_format=torch.contiguous_format)
+    out = _snapshot(input)
     a = _async(_nbytes(out))
-    pg, op = pg_by_name(group_name), _reduce_op(reduce_op)
+    pg, (op, opts) = pg_by_name(group_name), _reduce_op(reduce_op)
     engine = getattr(pg, "_engine", None)
     if isinstance(engine, Engine) and not out.is_complex():
         # The output is ours, fresh and contiguous: straight to the engine, without the
         # public API's argument checks (its own checks still run).
-        work = engine.allreduce([out], AllreduceOptions(reduceOp=op), _sync=not a)
+        work = engine.allreduce([out], opts, _sync=not a)
         if not a:
             work.wait()
             return out
