@@ -88,6 +88,16 @@ def client_handshake(sock: socket.socket, secret: bytes) -> None:
     sock.sendall(_mac(secret, b"client", theirs, mine))
 
 
+def authenticate(sock: socket.socket, secret: bytes, who: str) -> None:
+    """``client_handshake`` for a connection just dialled: on failure ``sock`` is closed and
+    the ``AuthError`` says ``who`` dialled whom (``"<who>: <why>"``)."""
+    try:
+        client_handshake(sock, secret)
+    except (AuthError, OSError) as e:
+        sock.close()
+        raise AuthError(f"{who}: {e}") from e
+
+
 class ServerHandshake:
     """The server's side of the handshake as a state machine fed with bytes, no socket.
 

@@ -40,6 +40,7 @@ from datetime import timedelta
 import torch
 
 import pyc10d as dist
+from pyc10d.transport.shm_segment import created_by
 
 FORK = multiprocessing.get_context("fork")
 OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
@@ -134,17 +135,7 @@ def _rank_main(trial: Trial, rank: int, store_path: str, conn: multiprocessing.c
         os._exit(0)
 
 
-def _shm_names(pids: list[int]) -> set[str]:
-    """Segments created by these processes (the name holds the creator's pid; other work on
-    the machine may create segments of its own meanwhile)."""
-    prefixes = tuple(f"pyc10d_{pid}_" for pid in pids)
-    try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith(prefixes)}
-    except OSError:
-        return set()
-
-
-def run_trial(trial: Trial, deadline_s: float = 3.0) -> dict:  # noqa: C901 - one verdict
+def run_trial(trial: Trial, deadline_s: float = 3.0) -> dict:
     """Run one trial; return its verdict (``ok`` and, when not ok, ``why``)."""
     tmp = tempfile.mkdtemp(prefix="pyc10d-chaos-")
     procs, conns = [], {}
@@ -186,7 +177,7 @@ def run_trial(trial: Trial, deadline_s: float = 3.0) -> dict:  # noqa: C901 - on
         c.close()
     shutil.rmtree(tmp, ignore_errors=True)
     time.sleep(0.05)
-    leaked = _shm_names([p.pid for p in procs])
+    leaked = created_by(*(p.pid for p in procs))
     verdict: dict = {"seed": trial.seed, "backend": trial.backend, "world": trial.world,
                      "victim": trial.victim, "ok": True, "why": "", "slowest_s": 0.0, "leaked": sorted(leaked)}
     problems = []

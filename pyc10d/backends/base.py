@@ -46,6 +46,17 @@ def group_key(name: str) -> int:
     return zlib.crc32(name.encode()) or 1
 
 
+def _reworded(error: BaseException, text: str) -> BaseException:
+    """``error`` with the message ``text``: same type, same cause (an error class with another
+    constructor is kept as it is)."""
+    try:
+        new = type(error)(text)
+    except TypeError:
+        return error
+    new.__cause__ = error.__cause__
+    return new
+
+
 class Options:
     """Backend options as torch's ``ProcessGroupGloo._Options``: ``_timeout``, ``_devices``, ``_threads``."""
 
@@ -311,12 +322,7 @@ class Engine:
             return error
         if msg.startswith(f"{work.opname}: "):
             msg = msg[len(work.opname) + 2:]
-        try:
-            annotated = type(error)(f"{head}: {msg}")
-        except TypeError:  # an error class with another constructor: keep it as it is
-            return error
-        annotated.__cause__ = error.__cause__
-        return annotated
+        return _reworded(error, f"{head}: {msg}")
 
     def _explain_failure(self, error: BaseException, work: Work) -> BaseException:
         """A lost peer is reported with the reason a member gave when it aborted (the root
@@ -336,7 +342,7 @@ class Engine:
     def _abort_reason(self, error: DistNetworkError) -> BaseException:
         """A member that fails tells the others why, then exits: its exit can be seen (shm
         watches pids) a moment before its abort message is read. Give that message 0.2 s."""
-        box = getattr(self.transport, "mailbox", None)
+        box = self._box
         if box is None:
             return error
         peers = [g for i, g in enumerate(self.ranks) if i != self._rank]
@@ -359,7 +365,7 @@ class Engine:
             path = self.recorder.dump(str(error))
         except OSError:
             return error
-        return type(error)(f"{error} [flight recorder: {path}]")
+        return _reworded(error, f"{error} [flight recorder: {path}]")
 
     def _fail_group(self, error: BaseException) -> None:
         if self._broken is not None:

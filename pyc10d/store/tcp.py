@@ -108,14 +108,8 @@ class TCPStore(Store):
         if secret is not None:
             left = None if deadline is None else deadline - time.monotonic()
             sock.settimeout(max(1.0, min(left or auth.HANDSHAKE_TIMEOUT_S, auth.HANDSHAKE_TIMEOUT_S)))
-            try:
-                auth.client_handshake(sock, secret)
-            except (auth.AuthError, OSError) as e:
-                sock.close()
-                raise auth.AuthError(
-                    f"TCPStore: authentication with the server at {self._host}:{self._port} "
-                    f"failed: {e}"
-                ) from e
+            auth.authenticate(sock, secret, f"TCPStore: authentication with the server at "
+                                            f"{self._host}:{self._port} failed")
         sock.settimeout(None)
         return sock
 

@@ -49,16 +49,20 @@ def unlink(name: str) -> None:
         pass
 
 
+def created_by(*pids: int) -> list[str]:
+    """Names in ``/dev/shm`` of the segments these processes created (the name holds the pid)."""
+    prefixes = tuple(f"{PREFIX}{pid}_" for pid in pids)
+    try:
+        return [n for n in os.listdir(SHM_DIR) if n.startswith(prefixes)]
+    except OSError:
+        return []
+
+
 def sweep(pid: int) -> None:
     """Unlink every segment name that process ``pid`` created. Called when a peer is seen
     dead: a rank killed between creating a segment and its peers mapping it would leave the
     name behind, and only its survivors can remove it (their own mappings stay valid)."""
-    mine = f"{PREFIX}{pid}_"
-    try:
-        names = [n for n in os.listdir(SHM_DIR) if n.startswith(mine)]
-    except OSError:
-        return
-    for name in names:
+    for name in created_by(pid):
         unlink(name)
 
 

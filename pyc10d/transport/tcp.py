@@ -159,14 +159,8 @@ class TCPTransport(FramedTransport):
             h, p, peer_nonce = store.get(key).decode().rsplit(":", 2)
             sock = self._dial(h, int(p), deadline)
             if secret is not None:
-                try:
-                    auth.client_handshake(sock, secret)
-                except (auth.AuthError, OSError) as e:
-                    sock.close()
-                    raise auth.AuthError(
-                        f"tcp transport: rank {self.rank} failed to authenticate with rank {peer} "
-                        f"at {h}:{p}: {e}"
-                    ) from e
+                auth.authenticate(sock, secret, f"tcp transport: rank {self.rank} failed to "
+                                                f"authenticate with rank {peer} at {h}:{p}")
             sock.sendall(_HELLO.pack(self.rank, int(peer_nonce)))
             # create_connection's timeout would stay on the socket: the receive loop would then
             # take any idle spell longer than it for a lost peer. Block, as accepted sockets do.

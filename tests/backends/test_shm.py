@@ -23,7 +23,7 @@ from _multirank import exited, run_ranks  # noqa: E402
 
 import pyc10d as dist  # noqa: E402
 from pyc10d.errors import DistError  # noqa: E402
-from pyc10d.transport.shm_segment import PREFIX, SHM_DIR  # noqa: E402
+from pyc10d.transport.shm_segment import created_by  # noqa: E402
 
 TINY = {
     "pyc10d.backends.shm.SLOT_BYTES": 256,
@@ -35,8 +35,7 @@ pytestmark = pytest.mark.timeout(45)
 
 def _leftovers(pids: list[int]) -> list[str]:
     """Segments in /dev/shm created by any of ``pids`` (names carry the creator's pid)."""
-    mine = tuple(f"{PREFIX}{pid}_" for pid in pids)
-    return [f for f in os.listdir(SHM_DIR) if f.startswith(mine)]
+    return created_by(*pids)
 
 
 def _pids() -> list[int]:
