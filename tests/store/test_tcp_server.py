@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 
+from pyc10d import auth
 from pyc10d.store import TCPStore, wire
 from pyc10d.store.base import StoreTimeoutError
 
@@ -29,6 +30,15 @@ def replies(sock: socket.socket, n: int) -> list[tuple[int, list[bytes]]]:
         f.close()
     assert all(r is not None for r in out)
     return out  # type: ignore[return-value]
+
+
+def raw(port: int) -> socket.socket:
+    """A bare connection to the server, authenticated first when PYC10D_AUTH_TOKEN is set."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    secret = auth.token()
+    if secret is not None:
+        auth.authenticate(sock, secret, "test client")
+    return sock
 
 
 def master() -> TCPStore:
@@ -69,7 +79,7 @@ def test_parked_waits_time_out_one_by_one() -> None:
     """Each parked wait ends at its own deadline with TIMEOUT; one for a key that comes in
     the meantime is answered with it, and the connection keeps working after either."""
     m = master()
-    sock = socket.create_connection(("127.0.0.1", m.port), timeout=10)
+    sock = raw(m.port)
     a = TCPStore("127.0.0.1", m.port, timeout=timedelta(seconds=20))
     errors: list[BaseException] = []
 
@@ -95,7 +105,7 @@ def test_parked_waits_time_out_one_by_one() -> None:
 def test_pipelined_requests_answered_in_order() -> None:
     """Requests sent together, one of them parked: the later ones wait for its answer."""
     m = master()
-    sock = socket.create_connection(("127.0.0.1", m.port), timeout=10)
+    sock = raw(m.port)
     sock.sendall(frame(wire.ADD, [b"/c", b"1"]) + frame(wire.MGET, [b"-1", b"/k"])
                  + frame(wire.ADD, [b"/c", b"10"]))
     assert replies(sock, 1) == [(wire.OK, [b"1"])]
@@ -108,7 +118,7 @@ def test_pipelined_requests_answered_in_order() -> None:
 @pytest.mark.timeout(30)
 def test_frame_a_byte_at_a_time_and_client_leaving_while_parked() -> None:
     m = master()
-    sock = socket.create_connection(("127.0.0.1", m.port), timeout=10)
+    sock = raw(m.port)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for b in frame(wire.MSET, [b"/a", b"1", b"/b", b"2"]):
         sock.send(bytes([b]))
@@ -126,8 +136,8 @@ def test_wait_for_count_and_bad_value() -> None:
     """A wait for a counter is answered once it reaches the target; a counter key set to a
     non-number answers the waiter with an error, not the client that set it."""
     m = master()
-    s1 = socket.create_connection(("127.0.0.1", m.port), timeout=10)
-    s2 = socket.create_connection(("127.0.0.1", m.port), timeout=10)
+    s1 = raw(m.port)
+    s2 = raw(m.port)
     s1.sendall(frame(wire.WAITGE, [b"-1", b"/n", b"3"]))
     s2.sendall(frame(wire.WAITGE, [b"-1", b"/bad", b"1"]))
     m.add("n", 2)
