@@ -34,6 +34,12 @@ DIM, BATCH, LR = 8, 48, 0.1
 JOIN_WINDOW_S = 2.0
 
 
+def say(line: str) -> None:
+    """One line from a worker in one write: the workers share the launcher's stdout, and
+    buffered prints of two processes can run together on one line."""
+    os.write(1, (line + "\n").encode())
+
+
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(BATCH, DIM, generator=g, dtype=torch.float64)
@@ -83,7 +89,7 @@ def worker(me: int, world: int, host: str, port: int, args: argparse.Namespace, 
                 dist.broadcast(state, src=src)
                 w, step = state[:-1].clone(), int(state[-1])
                 if rank == 0:
-                    print(f"generation {gen}: {size} ranks {members}, resuming at step {step}", flush=True)
+                    say(f"generation {gen}: {size} ranks {members}, resuming at step {step}")
             while step < args.steps:
                 if me == args.kill_rank and step == args.kill_step and gen == 0:
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -94,7 +100,7 @@ def worker(me: int, world: int, host: str, port: int, args: argparse.Namespace, 
                 step += 1
             dist.destroy_process_group()
         except RuntimeError as e:
-            print(f"rank {me} (generation {gen}): {str(e)[:160]}", flush=True)
+            say(f"rank {me} (generation {gen}): {str(e)[:160]}")
             dist.abort_process_group()
             gen += 1
             members = rejoin(store, gen, me, members)
