@@ -91,11 +91,17 @@ class World:
 
 
 _process_world = World()
-_local = threading.local()
+
+
+class _Local(threading.local):
+    world: World | None = None  # a class default: a thread without one reads None, no miss
+
+
+_local = _Local()
 
 
 def current_world() -> World:
-    w = getattr(_local, "world", None)
+    w = _local.world
     return w if w is not None else _process_world
 
 
@@ -106,7 +112,7 @@ def set_thread_world(world: World | None) -> None:
 
 def ensure_thread_world() -> World:
     """The calling thread's own World, made if it has none (ranks of the threaded backend)."""
-    w = getattr(_local, "world", None)
+    w = _local.world
     if w is None:
         w = _local.world = World()
     return w

@@ -9,7 +9,8 @@ parallel and m chunks take m + 1 phases.
 Cost per rank: copies S in (minus its own sub-slices, read from its tensor directly), reads
 S and writes S/n to reduce, copies S out; 2 + 1/n memcpy-equivalents, independent of n.
 Each sub-slice is reduced once, by its owner, so all ranks end with identical bytes. With
-``root`` given only the root copies out (reduce).
+``root`` given only the root copies out (reduce). With ``src`` the input is read from
+``src`` and ``t`` only receives the result (out of place, same cost).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from ..types import ReduceOp
 from .shm_comm import ShmComm, nbytes_of, reduce_many
 
 
-def allreduce_shm_rsag(comm: ShmComm, t: torch.Tensor, op: ReduceOp, root: int | None = None) -> None:
+def allreduce_shm_rsag(comm: ShmComm, t: torch.Tensor, op: ReduceOp, root: int | None = None,
+                       src: torch.Tensor | None = None) -> None:
     n, r, numel = comm.size, comm.rank, t.numel()
+    x = t if src is None else src  # read from x, write the result to t
     align = comm.align(t.dtype)
     chunk = max(align * n, comm.elems(t.dtype) // (align * n) * (align * n))
     m = max(1, -(-numel // chunk))
@@ -42,7 +45,7 @@ def allreduce_shm_rsag(comm: ShmComm, t: torch.Tensor, op: ReduceOp, root: int |
         if s >= 1:  # RED(s-1): my sub-slice of the previous chunk, over every rank's slot
             lo, length, a, b = bounds(s - 1)
             slots = comm.slots(c - 1, t.dtype)
-            xs = [t[lo + a:lo + b] if p == r else slots[p, a:b] for p in range(n)]
+            xs = [x[lo + a:lo + b] if p == r else slots[p, a:b] for p in range(n)]
             reduce_many(comm.result(c - 1, t.dtype)[a:b], xs, op)
         if s >= 2 and out_here:  # OUT(s-2)
             lo, length, _, _ = bounds(s - 2)
@@ -51,9 +54,9 @@ def allreduce_shm_rsag(comm: ShmComm, t: torch.Tensor, op: ReduceOp, root: int |
             lo, length, a, b = bounds(s)
             mine = comm.slots(c, t.dtype)[r]
             if a:
-                mine[:a].copy_(t[lo:lo + a])
+                mine[:a].copy_(x[lo:lo + a])
             if b < length:
-                mine[b:length].copy_(t[lo + b:lo + length])
+                mine[b:length].copy_(x[lo + b:lo + length])
         comm.post(c)
         comm.wait_all(c)
     if out_here:  # OUT(m-1), after the last phase

@@ -58,6 +58,12 @@ class FakeBackend(Backend):
             self._seq += 1
         return CompletedWork(opname, outputs)
 
+    def allreduce(self, tensors: Any, opts: Any = None, op: Any = None, _sync: bool = False,
+                  _src: torch.Tensor | None = None) -> Work:
+        if _src is not None:  # out of place: the output is the input, as the in-place op leaves it
+            _copy(tensors[0] if isinstance(tensors, list) else tensors, _src)
+        return super().allreduce(tensors, opts, op, _sync)
+
     # -- gathers: every output chunk is this rank's input ------------------------------------
     def allgather(self, output_tensors: Any, input_tensors: Any, opts: Any = None, _sync: bool = False) -> Work:
         work = super().allgather(output_tensors, input_tensors, opts, _sync)

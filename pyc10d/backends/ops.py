@@ -38,7 +38,10 @@ class CollectiveOps(Engine):
     """Collectives on top of the engine; see ``ProcessGroup`` for the user-facing docs."""
 
     # -- all_reduce family ----------------------------------------------------------------
-    def allreduce(self, tensors: Any, opts: AllreduceOptions | None = None, op: Any = None, _sync: bool = False) -> Work:
+    def allreduce(self, tensors: Any, opts: AllreduceOptions | None = None, op: Any = None, _sync: bool = False,
+                  _src: torch.Tensor | None = None) -> Work:
+        """``_src`` (pyc10d's functional all_reduce): read the input from ``_src``, a tensor of
+        the single output's dtype and size, and write the result to the output only."""
         tensors = ck.as_list(tensors)
         opts = opts if opts is not None else AllreduceOptions()
         red = as_reduce_op(op if op is not None else opts.reduceOp)
@@ -52,11 +55,14 @@ class CollectiveOps(Engine):
         check_op(red, tensors[0].dtype, "allreduce")
 
         def run(comm: algo.Comm) -> None:
-            self._allreduce_dense(comm, tensors, red)
+            self._allreduce_dense(comm, tensors, red, _src)
 
         return self._submit("allreduce", run, tensors, opts, _sync, red=red)
 
-    def _allreduce_dense(self, comm: algo.Comm, tensors: list[torch.Tensor], red: ReduceOp) -> None:
+    def _allreduce_dense(self, comm: algo.Comm, tensors: list[torch.Tensor], red: ReduceOp,
+                         src: torch.Tensor | None = None) -> None:
+        if src is not None:  # out of place: a backend that reads its input once overrides this
+            tensors[0].detach().copy_(src)
         hs = [host(t) for t in tensors]
         acc = hs[0] if len(hs) == 1 else hs[0].clone()
         premultiply(acc, red)

@@ -138,16 +138,24 @@ class ShmBackend(Backend):
                 slot = slot // 2 // 64 * 64
 
     # -- collectives on the arena -----------------------------------------------------------
-    def _allreduce_dense(self, comm: algo.Comm, tensors: list[torch.Tensor], red: Any) -> None:
-        if comm.size == 1 or len(tensors) != 1:
-            return super()._allreduce_dense(comm, tensors, red)
+    def _allreduce_dense(self, comm: algo.Comm, tensors: list[torch.Tensor], red: Any,
+                         src: torch.Tensor | None = None) -> None:
         t = tensors[0]
         h = host(t)
+        # Out of place (``src``): the arena reads the input straight from ``src``; the other
+        # paths below work in place, on a copy of it.
+        direct_src = (src is not None and red.op != RedOpType.PREMUL_SUM and t.is_cpu and t.is_contiguous()
+                      and src.is_cpu and src.is_contiguous())
+        if comm.size == 1 or len(tensors) != 1 or (src is not None and not direct_src):
+            return super()._allreduce_dense(comm, tensors, red, src)
         premultiply(h, red)
         sc = self._shm(comm)
         nbytes = h.numel() * h.element_size()
         direct = None
         if symmetric_allreduce is not None and nbytes >= SYMMETRIC_MIN_BYTES and red.op in _SYMMETRIC_OPS:
+            if src is not None:
+                h.copy_(src)
+                src = None
             direct = symmetric_allreduce(h, _SYMMETRIC_OPS[red.op], self.group_name)
         if direct is not None:
             # Every rank must take this path: a phase whose descriptors say so fails, naming
@@ -157,7 +165,8 @@ class ShmBackend(Backend):
             sc.wait_all(c)
             direct()
         else:
-            algo.select_shm("allreduce", comm.size, nbytes, sc.arena.slot_bytes)(sc, flat(h), red)
+            fn = algo.select_shm("allreduce", comm.size, nbytes, sc.arena.slot_bytes)
+            fn(sc, flat(h), red, src=None if src is None else flat(src))
             finish(h, red, comm.size)
         writeback(t, h)
 

@@ -5,13 +5,16 @@ ranks (``pyc10d.run``); every rank times, in the same processes and back to back
 
 * ``pyc10d.all_reduce(t)`` (in place, SUM) and ``pyc10d.functional.all_reduce`` followed by
   ``wait_tensor``, at each size: a loop of K operations divided by K, the maximum over the
-  ranks, the median of ``--reps`` loops. The two APIs' loops alternate, and ``ratio`` is the
-  median of the ratios of adjacent loops: on a shared machine load drifts, and a ratio of two
-  loops a few milliseconds apart sees the least of it. Every timed result is checked after
-  its loop (each op of a loop writes a tensor of its own).
-* overlap: a matmul alone (sized to take about as long as the collective), the functional
-  all_reduce alone, and the all_reduce started, the matmul run, then the result used. The
-  hidden share is ``(t_comm + t_matmul - t_both) / min(t_comm, t_matmul)``.
+  ranks, the median of ``--reps`` loops. The functional op is timed twice: as configured by
+  default on this host (``functional``: where ranks leave no core for a progress thread, every
+  size runs inline, see ``pyc10d.functional._eager``) and forced asynchronous above 16 KiB
+  (``functional-async``, what a host with spare cores gets). The APIs' loops alternate, and
+  ``ratio`` is the median of the ratios of adjacent loops: on a shared machine load drifts,
+  and a ratio of two loops a few milliseconds apart sees the least of it. Every timed result
+  is checked after its loop (each op of a loop writes a tensor of its own).
+* overlap (asynchronous functional all_reduce): a matmul alone (sized to take about as long
+  as the collective), the all_reduce alone, and the all_reduce started, the matmul run, then
+  the result used. The hidden share is ``(t_comm + t_matmul - t_both) / min(t_comm, t_matmul)``.
 
 Prints a table and writes ``<out>/funcol-<time>.json``.
 """
@@ -53,6 +56,7 @@ def _worker(args: argparse.Namespace) -> None:
 
     import pyc10d as dist
     import pyc10d.functional as ft_c
+    from pyc10d.functional import _eager
 
     torch.set_num_threads(1)
     dist.init_process_group(backend=args.backend, init_method="env://")
@@ -72,7 +76,14 @@ def _worker(args: argparse.Namespace) -> None:
         def functional(i: int, outs: list[Any] = outs, x: Any = x) -> None:
             outs[i] = ft_c.wait_tensor(ft_c.all_reduce(x, "sum", group))
 
-        apis = (("in-place", inplace), ("functional", functional))
+        def functional_async(i: int, configured: int | None = _eager.INLINE_BYTES) -> None:
+            _eager.INLINE_BYTES = _eager.DEFAULT_INLINE_BYTES
+            try:
+                functional(i)
+            finally:
+                _eager.INLINE_BYTES = configured
+
+        apis = (("in-place", inplace), ("functional", functional), ("functional-async", functional_async))
         times: dict[str, list[float]] = {name: [] for name, _ in apis}
         ok = {name: True for name, _ in apis}
         for _, body in apis:
@@ -84,12 +95,14 @@ def _worker(args: argparse.Namespace) -> None:
                 times[name].append(_loop_time(dist, body, k, 1))
                 results = bufs if name == "in-place" else outs
                 ok[name] = ok[name] and all(bool((r == total).all()) for r in results)
-        ratios = [f / i for i, f in zip(times["in-place"], times["functional"])]
+                outs[:] = [None] * k
         for name, _ in apis:
+            ratios = [f / i for i, f in zip(times["in-place"], times[name])]
             records.append({"kind": "funcol", "backend": args.backend, "world_size": n, "api": name,
                             "bytes": count * 4, "time_us": statistics.median(times[name]) * 1e6,
                             "correct": ok[name], "iters": k, "reps": args.reps,
-                            "paired_ratio": statistics.median(ratios)})
+                            "paired_ratio": statistics.median(ratios), "inline_limit": _eager._limit()})
+    _eager.INLINE_BYTES = _eager.DEFAULT_INLINE_BYTES  # the overlap is the asynchronous path's
     records += _overlap(dist, ft_c, args, rank, n, group)
     if rank == 0:
         Path(args.out).write_text(json.dumps(records))
@@ -140,15 +153,19 @@ def _overlap(dist: Any, ft_c: Any, args: argparse.Namespace, rank: int, n: int, 
 
 def _print(records: list[dict[str, Any]]) -> None:
     rows = [r for r in records if r["kind"] == "funcol"]
-    print("\nfunctional all_reduce + wait_tensor vs in-place all_reduce (back to back, max over ranks)")
-    print(f"{'backend':>10} {'n':>2} {'size':>8} {'in-place us':>12} {'functional us':>14} {'ratio':>6} ok")
+    print("\nfunctional all_reduce + wait_tensor vs in-place all_reduce (back to back, max over ranks);"
+          "\nfunctional: as configured on this host; async: forced asynchronous above 16 KiB")
+    print(f"{'backend':>10} {'n':>2} {'size':>8} {'in-place us':>12} {'functional us':>14} {'ratio':>6} "
+          f"{'async us':>9} {'ratio':>6} ok  (inline up to)")
     keys = sorted({(r["backend"], r["world_size"], r["bytes"]) for r in rows})
     for b, n, nb in keys:
-        inpl = next(r for r in rows if (r["backend"], r["world_size"], r["bytes"], r["api"]) == (b, n, nb, "in-place"))
-        func = next(r for r in rows if (r["backend"], r["world_size"], r["bytes"], r["api"]) == (b, n, nb, "functional"))
-        ok = "yes" if inpl["correct"] and func["correct"] else "NO"
+        inpl, func, fasync = (next(r for r in rows if (r["backend"], r["world_size"], r["bytes"], r["api"]) == (b, n, nb, a))
+                              for a in ("in-place", "functional", "functional-async"))
+        ok = "yes" if inpl["correct"] and func["correct"] and fasync["correct"] else "NO"
+        limit = func["inline_limit"]
+        limit_text = "any size" if limit >= 1 << 60 else metrics.format_size(limit)
         print(f"{b:>10} {n:>2} {metrics.format_size(nb):>8} {inpl['time_us']:>12.1f} {func['time_us']:>14.1f} "
-              f"{func['paired_ratio']:>5.2f}x {ok}")
+              f"{func['paired_ratio']:>5.2f}x {fasync['time_us']:>9.1f} {fasync['paired_ratio']:>5.2f}x {ok}   ({limit_text})")
     print("\noverlap: functional all_reduce started, a matmul, then the result used")
     print(f"{'backend':>10} {'n':>2} {'size':>8} {'comm us':>9} {'matmul us':>10} {'both us':>9} {'hidden':>7} ok")
     for r in (r for r in records if r["kind"] == "overlap"):

@@ -8,11 +8,19 @@ the communication, which runs on the group's progress thread.
 Messages of at most ``INLINE_BYTES`` (``PYC10D_FUNCOL_INLINE_BYTES``, default 16 KiB) run
 synchronously on the caller's thread instead: for them the hop to the progress thread and
 back costs more than anything they could overlap with. The result is the same either way.
+
+Overlap needs a core for the progress thread. When the launcher says this host runs more
+ranks than half its cores (``LOCAL_WORLD_SIZE`` > cores / 2: every rank's caller and progress
+thread cannot run at once), the collective would only take the core of the compute it is meant
+to hide behind, and the hop costs a wake-up on a busy host (measured on 2 cores, 2 ranks: a
+4 MiB all_reduce and a matmul took 20-150% *longer* together than one after the other). Then,
+unless ``PYC10D_FUNCOL_INLINE_BYTES`` is set, every size runs inline.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
@@ -21,9 +29,26 @@ import torch
 from .. import collectives as C
 from ..backends import Engine
 from ..types import AllreduceOptions, as_reduce_op
+from . import _buffers
 from ._groups import pg_by_name
 
-INLINE_BYTES = int(os.environ.get("PYC10D_FUNCOL_INLINE_BYTES", 16 * 1024))
+DEFAULT_INLINE_BYTES = 16 * 1024
+#: Set (a number of bytes) or None: chosen from the host at the first collective (``_limit``).
+INLINE_BYTES: int | None = (int(os.environ["PYC10D_FUNCOL_INLINE_BYTES"])
+                            if os.environ.get("PYC10D_FUNCOL_INLINE_BYTES") else None)
+_auto_limit: int | None = None
+
+
+def _limit() -> int:
+    """Bytes above which a functional collective runs asynchronously (see the module's doc)."""
+    global _auto_limit
+    if INLINE_BYTES is not None:
+        return INLINE_BYTES
+    if _auto_limit is None:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        _auto_limit = DEFAULT_INLINE_BYTES if cores >= 2 * local else sys.maxsize
+    return _auto_limit
 
 # storage pointer -> Work of the collective still writing it. The Work holds the output
 # tensors, so a pointer cannot be reused while its entry is here.
@@ -75,7 +100,7 @@ def pending_count() -> int:
 
 
 def _async(nbytes: int) -> bool:
-    return nbytes > INLINE_BYTES
+    return nbytes > _limit()
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -97,30 +122,54 @@ def _reduce_op(name: str) -> tuple[Any, AllreduceOptions]:
 def _snapshot(t: torch.Tensor) -> torch.Tensor:
     """A contiguous copy of ``t`` outside autograd: the collective's output, taken when it is
     called (torch's semantics: changing the input afterwards does not change the result)."""
-    d = t.detach() if t.requires_grad else t
-    return d.clone() if d.is_contiguous() else d.clone(memory_format=torch.contiguous_format)
+    return _buffers.copy_of(t) if t.device.type == "cpu" else t.detach().clone(memory_format=torch.contiguous_format)
+
+
+def _frozen(t: torch.Tensor) -> torch.Tensor | None:
+    """A copy-on-write view of ``t``'s values now (``torch._lazy_clone``: O(1)), or None.
+
+    An asynchronous collective reads its input later, on the progress thread; torch's
+    semantics are that of a copy taken at the call. The lazy clone is that copy, paid only if
+    the caller writes the input while the collective still holds the clone (once it is done
+    the input takes its memory back without a copy). Only for an input that spans its whole
+    storage: a write anywhere in the storage would copy all of it. None when torch cannot
+    (memory it does not own, such as numpy's or shared memory).
+    """
+    d = t.detach()
+    if d.storage_offset() or not d.is_contiguous() or d.untyped_storage().nbytes() != _nbytes(d):
+        return None
+    try:
+        return torch._lazy_clone(d)
+    except RuntimeError:
+        return None
 
 
 def all_reduce(input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
-    out = _snapshot(input)
-    a = _async(_nbytes(out))
-    pg, (op, opts) = pg_by_name(group_name), _reduce_op(reduce_op)
+    a = input.numel() * input.element_size() > (INLINE_BYTES if INLINE_BYTES is not None else _limit())
+    pg, (op, opts) = pg_by_name(group_name), _REDUCE_OPS.get(reduce_op) or _reduce_op(reduce_op)
     engine = getattr(pg, "_engine", None)
-    if isinstance(engine, Engine) and not out.is_complex():
+    if isinstance(engine, Engine) and input.is_cpu and not input.is_complex():
         # The output is ours, fresh and contiguous: straight to the engine, without the
-        # public API's argument checks (its own checks still run).
-        work = engine.allreduce([out], opts, _sync=not a)
+        # public API's argument checks (its own checks still run). It reads the input
+        # itself (out of place): a synchronous call returns before the caller can change
+        # it; an asynchronous one reads a copy-on-write clone.
+        src = None
+        if input.is_contiguous():
+            src = _frozen(input) if a else input.detach() if input.requires_grad else input
+        out = _buffers.empty_like(input) if src is not None else _snapshot(input)
+        work = engine.allreduce([out], opts, _sync=not a, _src=src)
         if not a:
             work.wait()
             return out
     else:
+        out = _snapshot(input)
         work = C.all_reduce(out, op, pg, async_op=a)
     _register([out], work)
     return out
 
 
 def all_reduce_coalesced(inputs: list[torch.Tensor], reduce_op: str, group_name: str) -> list[torch.Tensor]:
-    outs = [t.detach().clone(memory_format=torch.contiguous_format) for t in inputs]
+    outs = [_snapshot(t) for t in inputs]
     if not outs:
         return outs
     a = _async(sum(_nbytes(t) for t in outs))
@@ -154,7 +203,7 @@ def all_gather_into_tensor(input: torch.Tensor, group_size: int, group_name: str
     pg = pg_by_name(group_name)
     _check_size(pg, group_size, "all_gather_into_tensor")
     inp = input.detach().contiguous()
-    out = inp.new_empty(_gathered_shape(inp, group_size))
+    out = _buffers.empty_like(inp, _gathered_shape(inp, group_size))
     _register([out], C.all_gather_into_tensor(out, inp.reshape(-1) if not inp.dim() else inp, pg,
                                               async_op=_async(_nbytes(out))))
     return out
@@ -173,7 +222,7 @@ def reduce_scatter_tensor(input: torch.Tensor, reduce_op: str, group_size: int, 
             f"reduce_scatter_tensor: input dim 0 ({inp.shape[0] if inp.dim() else 'scalar'}) "
             f"must be divisible by the group size {group_size}"
         )
-    out = inp.new_empty([inp.shape[0] // group_size, *inp.shape[1:]])
+    out = _buffers.empty_like(inp, [inp.shape[0] // group_size, *inp.shape[1:]])
     work = C.reduce_scatter_tensor(out, inp, as_reduce_op(reduce_op), pg, async_op=_async(_nbytes(inp)))
     _register([out], work)
     return out
@@ -189,10 +238,10 @@ def all_to_all_single(input: torch.Tensor, output_split_sizes: list[int] | None,
     pg = pg_by_name(group_name)
     inp = input.detach().contiguous()
     if output_split_sizes is None or len(output_split_sizes) == 0:
-        out = torch.empty_like(inp)
+        out = _buffers.empty_like(inp)
         out_splits = None
     else:
-        out = inp.new_empty([sum(int(s) for s in output_split_sizes), *inp.shape[1:]])
+        out = _buffers.empty_like(inp, [sum(int(s) for s in output_split_sizes), *inp.shape[1:]])
         out_splits = [int(s) for s in output_split_sizes]
     in_splits = [int(s) for s in input_split_sizes] if input_split_sizes else None
     work = C.all_to_all_single(out, inp, out_splits, in_splits, pg, async_op=_async(_nbytes(inp) + _nbytes(out)))
@@ -202,7 +251,7 @@ def all_to_all_single(input: torch.Tensor, output_split_sizes: list[int] | None,
 
 def broadcast(input: torch.Tensor, src: int, group_name: str) -> torch.Tensor:
     """``src`` is the source's rank within the group (torch's functional op says the same)."""
-    out = input.detach().clone(memory_format=torch.contiguous_format)
+    out = _snapshot(input)
     work = C.broadcast(out, group=pg_by_name(group_name), async_op=_async(_nbytes(out)), group_src=src)
     _register([out], work)
     return out

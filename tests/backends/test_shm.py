@@ -134,6 +134,28 @@ def test_every_reduction_chunked(world_size: int) -> None:
     run_ranks("shm", world_size, _reductions, patches=TINY)
 
 
+def _out_of_place(rank: int, ws: int) -> None:
+    """``allreduce(..., _src=x)`` (the functional all_reduce's path) reads ``x`` and writes
+    only the output, on the flat (small) and the chunked (many phases) algorithm alike."""
+    engine = dist.group.WORLD._get_backend()
+    for n in (3, 1000):  # TINY: 3 elements fit one slot, 1000 take many phases
+        for name in ["SUM", "MAX", "AVG", "PREMUL_SUM"]:
+            xs = [torch.arange(n, dtype=torch.float64) % 7 + r + 1 for r in range(ws)]
+            op = dist._make_premul_sum(2.0) if name == "PREMUL_SUM" else getattr(dist.ReduceOp, name)
+            want = torch.stack(xs).amax(0) if name == "MAX" else sum(xs)
+            want = want / ws if name == "AVG" else want * 2 if name == "PREMUL_SUM" else want
+            src = xs[rank].clone()
+            out = torch.full((n,), -1.0, dtype=torch.float64)
+            engine.allreduce([out], dist.AllreduceOptions(reduceOp=op), _src=src).wait()
+            assert torch.allclose(out, want), (n, name)
+            assert torch.equal(src, xs[rank]), f"the input changed ({n}, {name})"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_allreduce_out_of_place(world_size: int) -> None:
+    run_ranks("shm", world_size, _out_of_place, patches=TINY)
+
+
 # -- /dev/shm stays clean -------------------------------------------------------------------------
 def _lifecycle(rank: int, ws: int) -> tuple[list[int], list[str], list[str]]:
     pids = _pids()

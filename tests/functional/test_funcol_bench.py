@@ -16,6 +16,7 @@ def test_funcol_bench_runs(tmp_path: Path) -> None:
     (path,) = tmp_path.glob("funcol-*.json")
     records = json.loads(path.read_text())
     kinds = {(r["kind"], r.get("api")) for r in records}
-    assert kinds == {("funcol", "in-place"), ("funcol", "functional"), ("overlap", None)}
+    assert kinds == {("funcol", "in-place"), ("funcol", "functional"), ("funcol", "functional-async"),
+                     ("overlap", None)}
     assert all(r["correct"] for r in records)
     assert all(r["time_us"] > 0 for r in records if r["kind"] == "funcol")
