@@ -50,4 +50,21 @@ def test_recorder_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert engine.recorder is None
     monkeypatch.setenv("PYC10D_FLIGHT_RECORDER_ENTRIES", "3")
     engine = FakeBackend.create(FakeStore(), 0, 2, __import__("datetime").timedelta(seconds=5), "y")
-    assert engine.recorder is not None and engine.recorder.entries.maxlen == 3
+    assert engine.recorder is not None and engine.recorder.capacity == 3
+
+
+def test_ring_keeps_the_last_operations_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyc10d.backends.flight_recorder import FlightRecorder, live_entry
+
+    monkeypatch.setenv("PYC10D_FLIGHT_RECORDER_ENTRIES", "3")
+    rec = FlightRecorder("g", 0, 0, 2)
+    assert rec.entries() == []
+    for seq in range(1, 6):  # 5 operations through a ring of 3
+        rec.record(seq, "allreduce", [torch.ones(seq, dtype=torch.float64)], 0.0, float(seq), seq == 5)
+    live = [live_entry(6, "broadcast", torch.ones(2), 0.0, 6.5), live_entry(7, "barrier", [], 7.0, 0.0)]
+    rows = rec.entries(live)
+    assert [r["seq"] for r in rows] == [3, 4, 5, 6, 7]
+    assert [r["state"] for r in rows] == ["completed", "completed", "failed", "running", "issued"]
+    assert rows[0]["numel"] == 3 and rows[0]["dtype"] == "float64" and rows[0]["issued"] == 3.0
+    assert rows[0]["ended"] >= rows[0]["started"] == 3.0
+    assert rows[3]["op"] == "broadcast" and rows[4]["numel"] == 0 and rows[4]["issued"] == 7.0

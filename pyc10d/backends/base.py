@@ -17,6 +17,7 @@ operations on the group raise the same error instead of hanging.
 
 from __future__ import annotations
 
+import array
 import os
 import queue
 import threading
@@ -37,6 +38,7 @@ from . import flight_recorder, watchdog
 from .flight_recorder import FlightRecorder
 from .work import Work
 
+_now = time.monotonic
 _P2P_BIT = 1 << 31
 _FP_RING = 4096  # fingerprints of the last operations, for messages that beat their receive
 
@@ -115,7 +117,9 @@ class Engine:
         self._scratch: dict = {}
         # Desync detection: the fingerprint (and name) of each recent operation by sequence
         # number, checked against every message that arrives before its receive is posted.
-        self._fps: list[tuple[int, int, str] | None] = [None] * _FP_RING  # (seq, fp, op) by seq
+        self._fp_seq = array.array("q", [-1]) * _FP_RING  # by seq % _FP_RING: its seq,
+        self._fp = array.array("q", bytes(8 * _FP_RING))  # its fingerprint
+        self._fp_op: list[str] = [""] * _FP_RING  # and its name
         self._box = getattr(transport, "mailbox", None)  # for a cheap "nothing unexpected" test
         self._desync: BaseException | None = None
         # Progress, for the watchdog (backends.watchdog): the operation running now and the
@@ -178,18 +182,18 @@ class Engine:
                 raise DistBackendError(f"{opname}: process group {self.group_name!r} was destroyed")
             self._seq += 1
             work = Work(opname, outputs, self._seq)
-            if self.recorder is not None:
-                work._trace = self.recorder.issued(self._seq, opname, outputs)
             channel = (self.group_key << 32) | (self._seq & 0x7FFFFFFF)
             job = (work, fn, channel, timeout, fp)
-            if fp:
+            if fp:  # (arrays: no object per call to free, cold, _FP_RING calls later)
                 seq = self._seq & 0x7FFFFFFF
-                self._fps[seq & (_FP_RING - 1)] = (seq, fp, opname)
+                slot = seq & (_FP_RING - 1)
+                self._fp_seq[slot], self._fp[slot], self._fp_op[slot] = seq, fp, opname
             # Taking ``_exec`` here, under ``_lock``, keeps a job issued meanwhile by another
             # thread from running first; when only a stale token holds it, queue instead.
             inline = sync and self._pending == 0 and self._exec.acquire(blocking=False)
             self._pending += 1
             if not inline:
+                work._issued_at = _now()  # (an inline one is issued when it starts)
                 self._jobs.append(job)
                 self._queue.put(True)
                 work._runner = self._run_here
@@ -218,8 +222,8 @@ class Engine:
         theirs, seq = meta >> 8, channel & 0x7FFFFFFF
         if not theirs or channel & _P2P_BIT:
             return
-        slot = self._fps[seq & (_FP_RING - 1)]
-        mine = slot[1:] if slot is not None and slot[0] == seq else None
+        slot = seq & (_FP_RING - 1)
+        mine = (self._fp[slot], self._fp_op[slot]) if self._fp_seq[slot] == seq else None
         if mine is None or mine[0] == theirs or self._desync is not None:
             return
         who = self.ranks.index(peer) if peer in self.ranks else peer
@@ -282,11 +286,8 @@ class Engine:
         after releasing it (a Future's callbacks may issue the group's next operation)."""
         work, fn, channel, timeout, fp = job
         error: BaseException | None = None
-        now = time.monotonic()
+        now = _now()
         self._running_op = (work.seq, work.opname, now)
-        trace = work._trace
-        if trace is not None:  # (inlined: this runs for every operation)
-            trace[5] = now
         self._entered = (work.seq, work.opname)
         try:
             if self._broken is not None:
@@ -298,14 +299,14 @@ class Engine:
             comm.fingerprint = fp
             fn(comm)
         except BaseException as e:  # noqa: BLE001 - handed to the waiter
-            if trace is not None:
-                FlightRecorder.failed(trace)
+            if self.recorder is not None:  # before the dump, which it is part of
+                self.recorder.record(work.seq, work.opname, work._outputs, work._issued_at, now, True)
             error = self._with_trace(self._explain_failure(self._annotate(e, work), work))
             self._fail_group(error)
         finally:
             self._running_op = None
-            if trace is not None and error is None:
-                trace[6] = time.monotonic()
+            if error is None and self.recorder is not None:
+                self.recorder.record(work.seq, work.opname, work._outputs, work._issued_at, now, False)
             self._completed = (work.seq, work.opname)
             with self._lock:
                 self._pending -= 1
@@ -362,7 +363,10 @@ class Engine:
         if self.recorder is None or not isinstance(error, DistError):
             return error
         try:
-            path = self.recorder.dump(str(error))
+            with self._lock:  # the operations queued behind the failed one
+                live = [flight_recorder.live_entry(w.seq, w.opname, w._outputs, w._issued_at, 0.0)
+                        for w, *_ in self._jobs]
+            path = self.recorder.dump(str(error), live)
         except OSError:
             return error
         return _reworded(error, f"{error} [flight recorder: {path}]")

@@ -19,6 +19,8 @@ from ..errors import DistTimeoutError
 class Work:
     """Handle of one (possibly asynchronous) operation."""
 
+    _issued_at = 0.0  # when a queued operation was issued (monotonic; for the flight recorder)
+
     def __init__(self, opname: str, outputs: Any = None, seq: int = -1) -> None:
         self.opname = opname
         self._outputs = outputs
@@ -31,7 +33,6 @@ class Work:
         self._future: torch.futures.Future | None = None
         self._lock = threading.Lock()
         self._source_rank = -1
-        self._trace: list[Any] | None = None  # its flight-recorder entry
         # Set by the engine for a queued operation: runs it on the waiting thread when that
         # keeps the group's order (True), instead of waiting for the progress thread.
         self._runner: Callable[[Work], bool] | None = None
