@@ -6,6 +6,7 @@
 #               (installs Debian's openmpi-bin first when mpirun is missing; needs root)
 #   make bench  benchmarks vs torch.distributed's gloo (BENCH_ARGS="..." passes options),
 #               then functional vs in-place collectives (python -m pyc10d.bench.funcol)
+#               and the per-call cost at world size 1 (python -m pyc10d.bench.percall)
 #   make fuzz   100,000 malformed frames at a live TCPStore server (and garbage at the tcp
 #               transport) while good clients keep working; prints frames, time and peak memory
 #   make chaos  500 trials: a rank SIGKILLed mid-run on tcp and shm (tests/chaos.py)
@@ -53,6 +54,7 @@ fuzz: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pyc10d.bench $(BENCH_ARGS)
 	$(PY) -m pyc10d.bench.funcol
+	$(PY) -m pyc10d.bench.percall
 
 chaos: $(STAMP)
 	$(PY) tests/chaos.py --trials 500

@@ -118,3 +118,16 @@ def test_readme_tables_come_from_the_reference_file(tmp_path: Path) -> None:
     readme.write_into(doc, text)
     body = doc.read_text()
     assert body.startswith("intro\n") and body.endswith("rest\n") and "old" not in body and "10.00x" in body
+
+
+@pytest.mark.timeout(60)
+def test_percall_bench_runs(tmp_path) -> None:
+
+
+    from pyc10d.bench import percall
+
+    assert percall.main(["--backends", "tcp", "--iters", "200", "--reps", "2", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("percall-*.json")
+    rows = json.loads(path.read_text())["rows"]
+    assert {(r["backend"], r["op"]) for r in rows} == {(b, op) for b in ("tcp", "torch gloo") for op in percall.OPS}
+    assert all(r["correct"] and r["median_us"] > 0 for r in rows)

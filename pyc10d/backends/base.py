@@ -36,7 +36,7 @@ from ..transport.base import Transport
 from ..types import UNSET_TIMEOUT
 from . import flight_recorder, watchdog
 from .flight_recorder import FlightRecorder
-from .work import Work
+from .work import DoneWork, Work
 
 _now = time.monotonic
 _P2P_BIT = 1 << 31
@@ -215,6 +215,22 @@ class Engine:
         if inline:
             work._finish(error)
         return work
+
+    def _done_locally(self, opname: str, outputs: Any) -> Work | None:
+        """World size 1, an operation with nothing to move or compute (the caller knows):
+        count it, record it and return it finished, without a channel, a job or a thread.
+        None when the group has operations pending (this one must follow them) or is
+        unusable; the caller then submits it as usual."""
+        with self._lock:
+            if self._pending or self._closed or self._broken is not None:
+                return None
+            self._seq += 1
+            seq = self._seq
+        self._entered = self._completed = (seq, opname)
+        if self.recorder is not None:
+            now = _now()
+            self.recorder.record(seq, opname, outputs, now, now, False)
+        return DoneWork(opname, outputs, seq)
 
     def _on_unexpected(self, peer: int, channel: int, meta: int) -> None:
         """A message nobody received yet: if it belongs to an operation issued here with

@@ -53,6 +53,10 @@ class CollectiveOps(Engine):
             return self._submit("allreduce", lambda c: sparse_allreduce(c, tensors), tensors, opts, _sync, red=red)
         ck.check_same("allreduce", tensors)
         check_op(red, tensors[0].dtype, "allreduce")
+        if self._size == 1 and _src is None and len(tensors) == 1 and red.op != RedOpType.PREMUL_SUM:
+            work = self._done_locally("allreduce", tensors)  # the sum of one tensor (AVG: / 1)
+            if work is not None:
+                return work
 
         def run(comm: algo.Comm) -> None:
             self._allreduce_dense(comm, tensors, red, _src)
@@ -112,6 +116,10 @@ class CollectiveOps(Engine):
         ck.check_root_tensor("broadcast", opts.rootTensor, len(tensors))
         ck.check_same("broadcast", tensors)
         root_tensor = opts.rootTensor
+        if self._size == 1 and len(tensors) == 1:
+            work = self._done_locally("broadcast", tensors)
+            if work is not None:
+                return work
 
         def run(comm: algo.Comm) -> None:
             src = tensors[root_tensor] if comm.rank == root_rank else tensors[0]

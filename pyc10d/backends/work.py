@@ -110,3 +110,29 @@ class CompletedWork(Work):
     def __init__(self, opname: str = "noop", outputs: Any = None) -> None:
         super().__init__(opname, outputs)
         self._finish()
+
+
+class DoneWork(Work):
+    """An operation that finished, without error, before its Work was made (world size 1's
+    all_reduce, broadcast and barrier): no latch or lock to build, nothing to wait for."""
+
+    _finished = True
+    _error = None
+    _runner = None
+    _issuer = 0
+    _source_rank = -1
+
+    def __init__(self, opname: str, outputs: Any, seq: int) -> None:  # noqa: D107 - no Work.__init__
+        self.opname, self._outputs, self.seq = opname, outputs, seq
+        self._future = None
+
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        if self._future is None:
+            fut = torch.futures.Future()
+            fut.set_result(self._outputs)
+            self._future = fut
+        return self._future
+
