@@ -130,8 +130,16 @@ class Engine:
         self._completed: tuple[int, str] = (0, "")
         self.recorder = (FlightRecorder(group_name, rank, ranks[rank], len(ranks))
                          if flight_recorder.capacity() > 0 else None)
+        # Messages of operations not issued here yet, by sequence number: (peer, fingerprint),
+        # checked when the operation is issued (``_on_unexpected``).
+        self._early: dict[int, list[tuple[int, int]]] = {}
         if self.desync_check:
             transport.watch_unexpected(self.group_key, self._on_unexpected)
+            for peer in {g for i, g in enumerate(ranks) if i != rank}:  # sent before it watched
+                for channel in transport.unexpected_from(peer, self.group_key):
+                    for p, meta in transport.unexpected_on(channel):
+                        if p == peer:
+                            self._on_unexpected(p, channel, meta)
 
     # -- identity --------------------------------------------------------------------------
     def rank(self) -> int:
@@ -184,10 +192,11 @@ class Engine:
             work = Work(opname, outputs, self._seq)
             channel = (self.group_key << 32) | (self._seq & 0x7FFFFFFF)
             job = (work, fn, channel, timeout, fp)
+            seq = self._seq & 0x7FFFFFFF
             if fp:  # (arrays: no object per call to free, cold, _FP_RING calls later)
-                seq = self._seq & 0x7FFFFFFF
                 slot = seq & (_FP_RING - 1)
                 self._fp_seq[slot], self._fp[slot], self._fp_op[slot] = seq, fp, opname
+            early = self._early.pop(seq, None) if self._early else None
             # Taking ``_exec`` here, under ``_lock``, keeps a job issued meanwhile by another
             # thread from running first; when only a stale token holds it, queue instead.
             inline = sync and self._pending == 0 and self._exec.acquire(blocking=False)
@@ -204,10 +213,9 @@ class Engine:
                     )
                     self._worker.start()
         try:
-            box = self._box
-            if fp and (box is None or box.waiting_unexpected):  # messages that came before the op
-                for peer, meta in self.transport.unexpected_on(channel):
-                    self._on_unexpected(peer, channel, meta)
+            if early and fp:  # messages of peers that ran ahead to this operation
+                for peer, theirs in early:
+                    self._check_fingerprint(peer, seq, theirs, fp, opname)
             error = self._run(job) if inline else None
         finally:
             if inline:
@@ -233,19 +241,34 @@ class Engine:
         return DoneWork(opname, outputs, seq)
 
     def _on_unexpected(self, peer: int, channel: int, meta: int) -> None:
-        """A message nobody received yet: if it belongs to an operation issued here with
-        another fingerprint, the ranks have desynchronised; fail the group with both sides."""
+        """A message nobody received yet (the transport's thread calls this as it arrives):
+        if it belongs to an operation issued here with another fingerprint, the ranks have
+        desynchronised; fail the group with both sides. One for an operation not issued here
+        yet waits in ``_early`` for the issue (no scan of the mailbox at every call)."""
         theirs, seq = meta >> 8, channel & 0x7FFFFFFF
         if not theirs or channel & _P2P_BIT:
             return
         slot = seq & (_FP_RING - 1)
-        mine = (self._fp[slot], self._fp_op[slot]) if self._fp_seq[slot] == seq else None
-        if mine is None or mine[0] == theirs or self._desync is not None:
+        # No lock (taking the engine's on this thread for every message cost the caller more
+        # than the scan it replaces): ``_submit`` writes the slot, then pops ``_early``; here
+        # ``_early`` is written, then the slot read again. Each step is atomic under the GIL,
+        # so one side or both see the other; a fingerprint checked twice is harmless.
+        if self._fp_seq[slot] != seq:
+            if not 0 < (seq - self._seq) & 0x7FFFFFFF < _FP_RING:  # not ahead of this rank
+                return
+            self._early.setdefault(seq, []).append((peer, theirs))
+            if self._fp_seq[slot] != seq:
+                return
+            self._early.pop(seq, None)  # issued meantime: check it here
+        self._check_fingerprint(peer, seq, theirs, self._fp[slot], self._fp_op[slot])
+
+    def _check_fingerprint(self, peer: int, seq: int, theirs: int, mine: int, opname: str) -> None:
+        if mine == theirs or self._desync is not None:
             return
         who = self.ranks.index(peer) if peer in self.ranks else peer
         error = DistBackendError(
-            f"{mine[1]} #{seq} in group {self.group_name!r}: desync: rank {who} is running "
-            f"{describe_fingerprint(theirs)}, rank {self._rank} is running {describe_fingerprint(mine[0])} "
+            f"{opname} #{seq} in group {self.group_name!r}: desync: rank {who} is running "
+            f"{describe_fingerprint(theirs)}, rank {self._rank} is running {describe_fingerprint(mine)} "
             f"(the ranks called different collectives, or one with a different reduce op or root)"
         )
         self._desync = error
