@@ -55,23 +55,26 @@ def group_rank(pg: Any, global_rank: int | None, group_rank_: int | None, what: 
 trace_hook: Callable[..., Any] | None = None
 
 
-_kernel = threading.local()
+class _Kernel(threading.local):
+    active = False  # a class default: a thread that never ran a kernel reads False, no miss
+
+
+_kernel = _Kernel()
 
 
 def tracing() -> bool:
     """True under torch.compile, make_fx or any dispatch mode (fake, functional, proxy),
     except inside an operator's kernel: that is the real run, never a trace."""
-    # The thread-local lookup costs most (a miss raises inside getattr): only when needed.
     # ``is_compiling`` first: under dynamo it folds to True before the C call is traced.
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
-        return not getattr(_kernel, "active", False)
+        return not _kernel.active
     return False
 
 
 @contextlib.contextmanager
 def kernel_scope() -> Iterator[None]:
     """Mark the calling thread as running an operator's kernel (see ``tracing``)."""
-    outer = getattr(_kernel, "active", False)
+    outer = _kernel.active
     _kernel.active = True
     try:
         yield

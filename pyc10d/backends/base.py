@@ -36,7 +36,7 @@ from ..transport.base import Transport
 from ..types import UNSET_TIMEOUT
 from . import flight_recorder, watchdog
 from .flight_recorder import FlightRecorder
-from .work import DoneWork, Work
+from .work import CompletedWork, Work
 
 _now = time.monotonic
 _P2P_BIT = 1 << 31
@@ -120,7 +120,7 @@ class Engine:
         self._fp_seq = array.array("q", [-1]) * _FP_RING  # by seq % _FP_RING: its seq,
         self._fp = array.array("q", bytes(8 * _FP_RING))  # its fingerprint
         self._fp_op: list[str] = [""] * _FP_RING  # and its name
-        self._box = getattr(transport, "mailbox", None)  # for a cheap "nothing unexpected" test
+        self._box = getattr(transport, "mailbox", None)  # abort reasons peers sent (``_abort_reason``)
         self._desync: BaseException | None = None
         # Progress, for the watchdog (backends.watchdog): the operation running now and the
         # last entered/completed ones; the store where ranks publish theirs.
@@ -238,7 +238,7 @@ class Engine:
         if self.recorder is not None:
             now = _now()
             self.recorder.record(seq, opname, outputs, now, now, False)
-        return DoneWork(opname, outputs, seq)
+        return CompletedWork(opname, outputs, seq)
 
     def _on_unexpected(self, peer: int, channel: int, meta: int) -> None:
         """A message nobody received yet (the transport's thread calls this as it arrives):

@@ -105,16 +105,9 @@ class Work:
 
 
 class CompletedWork(Work):
-    """A Work that is already done (non-members' calls, world size 1, fake backends)."""
-
-    def __init__(self, opname: str = "noop", outputs: Any = None) -> None:
-        super().__init__(opname, outputs)
-        self._finish()
-
-
-class DoneWork(Work):
-    """An operation that finished, without error, before its Work was made (world size 1's
-    all_reduce, broadcast and barrier): no latch or lock to build, nothing to wait for."""
+    """An operation that finished, without error, before its Work was made (non-members'
+    calls, world size 1's all_reduce, broadcast and barrier, fake backends): no latch or lock
+    to build, nothing to wait for."""
 
     _finished = True
     _error = None
@@ -122,7 +115,7 @@ class DoneWork(Work):
     _issuer = 0
     _source_rank = -1
 
-    def __init__(self, opname: str, outputs: Any, seq: int) -> None:  # noqa: D107 - no Work.__init__
+    def __init__(self, opname: str = "noop", outputs: Any = None, seq: int = -1) -> None:  # noqa: D107
         self.opname, self._outputs, self.seq = opname, outputs, seq
         self._future = None
 
@@ -135,4 +128,3 @@ class DoneWork(Work):
             fut.set_result(self._outputs)
             self._future = fut
         return self._future
-

@@ -70,7 +70,8 @@ def empty(shape: list[int] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
     numel = 1
     for d in shape:
         numel *= d
-    s = _storage(numel * dtype.itemsize) if _CAP and numel * dtype.itemsize >= MIN_BYTES else None
+    nbytes = numel * dtype.itemsize
+    s = _storage(nbytes) if _CAP and nbytes >= MIN_BYTES else None
     if s is None:
         return torch.empty(shape, dtype=dtype)
     return torch.empty(0, dtype=dtype).set_(s, 0, shape)

@@ -145,8 +145,8 @@ def _frozen(t: torch.Tensor) -> torch.Tensor | None:
 
 
 def all_reduce(input: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
-    a = input.numel() * input.element_size() > (INLINE_BYTES if INLINE_BYTES is not None else _limit())
-    pg, (op, opts) = pg_by_name(group_name), _REDUCE_OPS.get(reduce_op) or _reduce_op(reduce_op)
+    a = _async(_nbytes(input))
+    pg, (op, opts) = pg_by_name(group_name), _reduce_op(reduce_op)
     engine = getattr(pg, "_engine", None)
     if isinstance(engine, Engine) and input.is_cpu and not input.is_complex():
         # The output is ours, fresh and contiguous: straight to the engine, without the

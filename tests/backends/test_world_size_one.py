@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import pyc10d as dist
-from pyc10d.backends.work import DoneWork
+from pyc10d.backends.work import CompletedWork
+
+pytestmark = pytest.mark.timeout(30)
 
 
 @pytest.fixture(params=["tcp", "shm", "threaded"])
@@ -23,7 +25,7 @@ def test_trivial_operations_finish_at_the_call(one_rank) -> None:
     x = torch.arange(4.0)
     for work in (dist.all_reduce(x, async_op=True), dist.all_reduce(x, op=dist.ReduceOp.AVG, async_op=True),
                  dist.broadcast(x, 0, async_op=True), dist.barrier(async_op=True)):
-        assert isinstance(work, DoneWork) and work.is_completed() and work.is_success()
+        assert isinstance(work, CompletedWork) and work.is_completed() and work.is_success()
         assert work.wait() and work.exception() is None
     assert torch.equal(x, torch.arange(4.0))
     assert dist.all_reduce(x, async_op=True).get_future().wait() == [x]
@@ -57,7 +59,7 @@ def test_a_pending_operation_keeps_its_place(one_rank) -> None:
 
     first = engine._submit("allreduce", slow, [], None, False)
     second = dist.all_reduce(torch.ones(2), async_op=True)
-    assert not isinstance(second, DoneWork)
+    assert not isinstance(second, CompletedWork)
     gate.set()
     second.wait()
     assert first.is_completed() and order == ["slow"]
