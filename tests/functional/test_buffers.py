@@ -15,6 +15,8 @@ import pyc10d.functional as ft_c
 from pyc10d.functional import _buffers, _eager
 from pyc10d.testing import MultiThreadedTestCase
 
+pytestmark = pytest.mark.timeout(30)  # the copy-on-write cases run two rank-threads
+
 BIG = 64 * 1024  # elements: 256 KiB of float32, above the pool's minimum and the inline limit
 
 
