@@ -83,3 +83,36 @@ def _sleeper_timeout(rank: int, ws: int) -> str:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_timeout_names_the_missing_rank(backend: str) -> None:
     assert run_ranks(backend, 3, _sleeper_timeout, timeout=40) == ["named", "named", "slept"]
+
+
+def _register_in_child(queue) -> None:  # type: ignore[no-untyped-def]
+    from pyc10d.backends import watchdog
+
+    class Engine:  # what register needs: something weakly referable
+        pass
+
+    engine = Engine()
+    watchdog.WATCHDOG.register(engine)
+    queue.put("registered")
+
+
+@pytest.mark.timeout(30)
+def test_watchdog_lock_held_at_fork_does_not_hang_the_child() -> None:
+    """Regression: a process forked while its watchdog thread held the watchdog's lock (a
+    test runner that ran in-process groups before forking ranks) hung in the child's
+    ``init_process_group``, which registers with the watchdog."""
+    import multiprocessing
+
+    from pyc10d.backends import watchdog
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    with watchdog.WATCHDOG._lock:  # as the watchdog thread holds it for a moment each period
+        child = ctx.Process(target=_register_in_child, args=(queue,))
+        child.start()
+    try:
+        assert queue.get(timeout=10) == "registered"
+    finally:
+        child.join(5)
+        if child.is_alive():
+            child.kill()

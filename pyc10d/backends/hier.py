@@ -310,14 +310,20 @@ class HierBackend(Backend):
             return error
 
     def _lost_ranks(self, error: BaseException) -> set[int]:
-        """Ranks of this group whose tcp connection is gone. When one is, wait briefly for the
-        rest of its host: a dead host's sockets all close at once, but each is noticed by its
-        own receiver thread. A failure path only, never on a healthy operation."""
+        """Ranks of this group whose tcp connection is gone. When one is, probe the rest of
+        its host (they may never have been connected to) and wait briefly for them: a dead
+        host's ranks go at once, but each is noticed on its own. A failure path only."""
         deadline = time.monotonic() + _LOSS_SETTLE_S
+        probed = False
         while True:
             dead = {g for g, t in enumerate(self.ranks) if g != self._rank and not self.transport.is_alive(t)}
             if not dead and not isinstance(error, DistNetworkError):
                 return dead
+            if dead and not probed:  # connections open lazily: ask the rest of those hosts
+                probed = True
+                for h in self.layout.hosts:
+                    for g in set(h) - dead if dead & set(h) else ():
+                        self.transport.probe(self.ranks[g])
             settled = all(set(h) <= dead for h in self.layout.hosts if dead & set(h))
             if (dead and settled) or time.monotonic() > deadline:
                 return dead

@@ -128,3 +128,14 @@ def check(engine: Any) -> None:
 
 
 WATCHDOG = Watchdog()
+
+
+def _reset_after_fork() -> None:
+    """A forked child has none of the parent's threads, and a lock the parent's watchdog
+    held at the fork would stay held forever in the child (its first ``register`` would then
+    hang in ``init_process_group``): start the child with a fresh watchdog."""
+    global WATCHDOG
+    WATCHDOG = Watchdog()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)

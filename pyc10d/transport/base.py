@@ -107,6 +107,11 @@ class Transport(ABC):
     def is_alive(self, peer: int) -> bool:
         return True
 
+    def probe(self, peer: int) -> None:
+        """Start finding out whether ``peer`` is still there, without waiting (a transport
+        that connects lazily connects; a loss then shows in ``is_alive``)."""
+        return None  # connected up front: a loss shows by itself
+
     def cancel(self, namespace: int, error: BaseException) -> None:
         """Fail this endpoint's pending receives in ``namespace`` (no message to peers)."""
         mailbox = getattr(self, "mailbox", None)

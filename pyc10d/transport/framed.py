@@ -74,11 +74,16 @@ class FramedTransport(Transport):
     def abort(self, namespace: int, reason: str, peers: list[int]) -> None:
         payload = memoryview(reason.encode())
         for peer in peers:
-            if peer != self.rank and self.is_alive(peer):
+            if peer != self.rank and self.is_connected(peer):
                 try:
                     self._send(peer, KIND_ABORT, namespace, payload, 0)
                 except Exception:  # noqa: BLE001 - best effort: the peer may be gone too
                     pass
+
+    def is_connected(self, peer: int) -> bool:
+        """Whether a frame can go to ``peer`` without opening a connection (best-effort
+        control frames are not worth one)."""
+        return self.is_alive(peer)
 
     def _say_bye(self, peer: int) -> None:
         try:

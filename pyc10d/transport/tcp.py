@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
 import struct
 import threading
@@ -25,17 +24,18 @@ from datetime import timedelta
 from .. import auth
 from ..errors import DistNetworkError, DistTimeoutError
 from ..store.base import Store
-from .base import Mailbox
+from .base import Mailbox, RecvHandle
 from .framed import FramedTransport
 from .netif import advertised_address
+from .tcp_listener import ACCEPTED, HELLO, HELLO_TIMEOUT_S, USE_OTHER, Listener
+
+__all__ = ["HELLO_TIMEOUT_S", "TCPTransport", "sockbuf_bytes"]
 
 _HEADER = struct.Struct("<QQII")
-_HELLO = struct.Struct("<Iq")
+_HELLO = HELLO
 _SMALL = 64 * 1024
-# A connection to a rank's listener has this long to authenticate and say hello.
-HELLO_TIMEOUT_S = auth.HANDSHAKE_TIMEOUT_S
-# Connections vetted at once; more are refused (each holds a thread until it passes or fails).
-_MAX_PENDING = 512
+# A receive from a peer not connected yet dials it after this long (see ``irecv``).
+PROBE_AFTER_S = 0.25
 log = logging.getLogger("pyc10d")
 # Large payloads go into and out of the kernel this many bytes per system call. Measured on
 # loopback (one 64 MiB message, 2 cores): 512 KiB calls on both sides took 11-15 ms where
@@ -118,7 +118,20 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> None:
 
 
 class TCPTransport(FramedTransport):
-    """Full mesh of TCP connections among ``size`` ranks, set up through ``store``."""
+    """Lazily connected mesh of TCP connections among ``size`` ranks, set up through ``store``.
+
+    Construction publishes this rank's address and waits until every rank has published
+    (a rank that never arrives fails here, as torch's Gloo fails its init), but opens no
+    connection: a pair connects on first use, so a ring algorithm opens two connections per
+    rank rather than ``size - 1``. ``send`` dials the peer when there is no connection yet;
+    ``irecv`` from a peer not yet connected dials it in the background, so that a peer that
+    died before it ever sent is noticed (its listener refuses) rather than waited out.
+
+    Both ranks of a pair may dial each other at once (each posts a receive from the other):
+    the listener answers every vetted hello with one byte, and when a rank's own dial to the
+    same peer is under way, the dial of the *higher* rank wins on both sides — the lower
+    rank's dial is told ``USE_OTHER`` and waits for the higher rank's connection to land.
+    """
 
     HEADER = _HEADER
 
@@ -130,174 +143,222 @@ class TCPTransport(FramedTransport):
         self._threads: list[threading.Thread] = []
         self._closing = False
         self._secret = auth.token()
+        self._store = store
+        self._timeout_s = timeout.total_seconds()
+        # Guards connection state: ``_socks`` (written only under it), ``_dialing``, closing.
+        self._cond = threading.Condition()
+        self._dialing = [False] * size
+        self._probing = [False] * size
+        self._addrs: list[str] = []  # every rank's ``host:port:nonce``, read at the first dial
+        self._addrs_lock = threading.Lock()
+        self._listener: Listener | None = None
         if size > 1:
-            self._connect(store, timeout.total_seconds())
+            self._join(store, self._timeout_s)
 
     # -- set-up ---------------------------------------------------------------------------
-    def _connect(self, store: Store, timeout: float) -> None:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    def _join(self, store: Store, timeout: float) -> None:
+        """Listen, publish ``host:port:nonce``, and wait until every rank has published."""
         host = _advertised_host(store, self.rank)
-        listener.bind(("127.0.0.1" if host == "127.0.0.1" else "0.0.0.0", 0))
-        listener.listen(max(self.size, 128))  # room for stray connections beside the peers
-        port = listener.getsockname()[1]
-        nonce = int.from_bytes(os.urandom(7), "little")
-        store.set(f"tcp_addr/{self.rank}", f"{host}:{port}:{nonce}")
-        deadline = time.monotonic() + timeout
-        secret = self._secret
-        for peer in range(self.rank):
-            key = f"tcp_addr/{peer}"
-            # Wait under the group's timeout, not the store's (an explicit store keeps its own,
-            # e.g. FileStore's 300 s): a rank that never arrives fails init like torch's Gloo.
-            try:
-                store.wait([key], timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
-            except DistTimeoutError as e:
-                raise type(e)(
-                    f"tcp transport: rank {self.rank} timed out after {timeout:.0f}s waiting for "
-                    f"rank {peer} to publish its address ({e})"
-                ) from e
-            h, p, peer_nonce = store.get(key).decode().rsplit(":", 2)
-            sock = self._dial(h, int(p), deadline)
-            if secret is not None:
-                auth.authenticate(sock, secret, f"tcp transport: rank {self.rank} failed to "
-                                                f"authenticate with rank {peer} at {h}:{p}")
-            sock.sendall(_HELLO.pack(self.rank, int(peer_nonce)))
+        self._listener = Listener(self.rank, self.size, host, self._secret, self._admit)
+        store.set(f"tcp_addr/{self.rank}", f"{host}:{self._listener.port}:{self._listener.nonce}")
+        # The rank that completes the count says so; everybody waits for that one key (O(1)
+        # store traffic per rank, where waiting for every address would be O(size)).
+        if store.add("tcp_joined", 1) == self.size:
+            store.set("tcp_all", b"1")
+        try:
+            # Under the group's timeout, not the store's (an explicit store keeps its own,
+            # e.g. FileStore's 300 s).
+            store.wait(["tcp_all"], timedelta(seconds=max(timeout, 0.001)))
+        except DistTimeoutError as e:
+            missing = [r for r in range(self.size) if not store.check([f"tcp_addr/{r}"])]
+            self.close()
+            who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {missing}"
+            raise type(e)(
+                f"tcp transport: rank {self.rank} timed out after {timeout:.0f}s waiting for "
+                f"{who} to publish their address "
+                f"({', '.join(f'tcp_addr/{r}' for r in missing[:4])}; {e})"
+            ) from e
+
+    def _ranks_on_host(self) -> int:
+        """Ranks on this host, for the socket-buffer policy: the launcher's
+        ``LOCAL_WORLD_SIZE``, else every rank (the peers are not all connected to count)."""
+        env = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+        return int(env) if env.isdigit() else self.size
+
+    def _install(self, peer: int, sock: socket.socket, answer: bytes | None) -> None:
+        """Under ``_cond``: make ``sock`` the connection to ``peer`` and start its receiver.
+        ``answer`` (the listener's reply to the dialer) goes out before any data frame can."""
+        _tune(sock, sockbuf_bytes(_is_local(sock), self._ranks_on_host()))
+        with self._send_locks[peer]:
+            if answer is not None:
+                sock.sendall(answer)
+            self._socks[peer] = sock
+        t = threading.Thread(target=self._receive_loop, args=(peer, sock), daemon=True,
+                             name=f"pyc10d-tcp-recv-{self.rank}<-{peer}")
+        t.start()
+        self._threads.append(t)
+        self._cond.notify_all()
+
+    def _admit(self, peer: int, sock: socket.socket) -> str | None:
+        """The listener vetted a hello from ``peer``: take the connection, or tell the dialer
+        to use the one this rank dialled. A reason string refuses it (the listener logs it)."""
+        with self._cond:
+            if self._closing:
+                return "this rank is shutting down"
+            if peer in self.mailbox.dead:
+                return f"rank {peer} was dropped already ({self.mailbox.dead[peer]})"
+            if self._socks[peer] is not None or (self._dialing[peer] and self.rank > peer):
+                sock.sendall(USE_OTHER)
+                sock.close()
+                return None
+            self._install(peer, sock, ACCEPTED)
+            return None
+
+    def _connection(self, peer: int) -> socket.socket:
+        """The socket to ``peer``, dialling it first if there is none."""
+        sock = self._socks[peer]
+        if sock is not None:
+            return sock
+        deadline = time.monotonic() + self._timeout_s
+        with self._cond:
+            while True:
+                sock = self._socks[peer]
+                if sock is not None:
+                    return sock
+                if peer in self.mailbox.dead:
+                    raise self.mailbox.dead[peer]
+                if self._closing:
+                    raise DistNetworkError(f"rank {self.rank}: transport closed")
+                if not self._dialing[peer]:
+                    self._dialing[peer] = True
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DistTimeoutError(f"tcp transport: rank {self.rank} timed out after "
+                                           f"{self._timeout_s:.0f}s connecting to rank {peer}")
+                self._cond.wait(left)
+        try:
+            return self._dial(peer, deadline)
+        finally:
+            with self._cond:
+                self._dialing[peer] = False
+                self._cond.notify_all()
+
+    def _address(self, peer: int) -> tuple[str, str, str]:
+        """``peer``'s published address. The first dial reads every rank's in one store
+        request: a rank's first collective often dials several peers one after another."""
+        if not self._addrs:
+            with self._addrs_lock:
+                if not self._addrs:
+                    keys = [f"tcp_addr/{r}" for r in range(self.size)]
+                    self._addrs = [v.decode() for v in self._store.multi_get(keys)]
+        host, port, nonce = self._addrs[peer].rsplit(":", 2)
+        return host, port, nonce
+
+    def _dial(self, peer: int, deadline: float) -> socket.socket:
+        host, port, nonce = self._address(peer)
+        sock = self._open(peer, host, int(port), deadline)
+        try:
+            if self._secret is not None:
+                auth.authenticate(sock, self._secret, f"tcp transport: rank {self.rank} failed to "
+                                                      f"authenticate with rank {peer} at {host}:{port}")
+            sock.settimeout(max(deadline - time.monotonic(), 0.1))
+            sock.sendall(_HELLO.pack(self.rank, int(nonce)))
+            answer = sock.recv(1)
             # create_connection's timeout would stay on the socket: the receive loop would then
             # take any idle spell longer than it for a lost peer. Block, as accepted sockets do.
             sock.settimeout(None)
-            self._socks[peer] = sock
-        self._accept_peers(listener, nonce, deadline, timeout)
-        local = [sock is not None and _is_local(sock) for sock in self._socks]
-        ranks_on_host = 1 + sum(local)
-        for peer, sock in enumerate(self._socks):
-            if sock is None:
-                continue
-            _tune(sock, sockbuf_bytes(local[peer], ranks_on_host))
-            t = threading.Thread(
-                target=self._receive_loop, args=(peer, sock), daemon=True,
-                name=f"pyc10d-tcp-recv-{self.rank}<-{peer}",
-            )
-            t.start()
-            self._threads.append(t)
-
-    def _accept_peers(self, listener: socket.socket, nonce: int, deadline: float,
-                      timeout: float) -> None:
-        """Take one vetted connection from each higher rank, then close the listener.
-
-        Anyone can connect to the listener, so each connection is vetted on its own short-lived
-        thread (authentication if a token is set, then the hello: the nonce this rank published
-        and a rank that belongs here), bounded by ``HELLO_TIMEOUT_S``: a silent or garbage
-        connection is closed with a logged reason and never delays the real peers. A second
-        connection claiming a rank that already has one is refused the same way.
-        """
-        vetted: queue.SimpleQueue[tuple[int, socket.socket, str]] = queue.SimpleQueue()
-        lock = threading.Lock()
-        pending: set[socket.socket] = set()
-        finished = False
-
-        def refuse(sock: socket.socket, who: str, reason: str) -> None:
-            with lock:
-                pending.discard(sock)
-                quiet = finished
-            if not quiet:
-                log.warning("tcp transport: rank %d refused the connection from %s: %s",
-                            self.rank, who, reason)
+        except OSError as e:
             sock.close()
+            raise DistNetworkError(f"tcp transport: rank {self.rank} could not connect to rank "
+                                   f"{peer} at {host}:{port}: {e}") from e
+        except BaseException:
+            sock.close()
+            raise
+        with self._cond:
+            if answer == ACCEPTED and self._socks[peer] is None and not self._closing:
+                self._install(peer, sock, None)
+                return sock
+            sock.close()
+            if answer != USE_OTHER:
+                raise DistNetworkError(
+                    f"tcp transport: rank {peer} at {host}:{port} refused rank {self.rank}'s "
+                    f"connection (answer {answer!r}; see rank {peer}'s log)")
+            # Rank ``peer`` dialled this rank at the same time and its connection wins.
+            while self._socks[peer] is None:
+                if peer in self.mailbox.dead:
+                    raise self.mailbox.dead[peer]
+                left = deadline - time.monotonic()
+                if self._closing or left <= 0:
+                    raise DistTimeoutError(f"tcp transport: rank {self.rank} timed out waiting "
+                                           f"for rank {peer}'s connection")
+                self._cond.wait(left)
+            return self._socks[peer]
 
-        def vet(sock: socket.socket, who: str) -> None:
-            try:
-                sock.settimeout(max(min(HELLO_TIMEOUT_S, deadline - time.monotonic()), 0.1))
-                if self._secret is not None:
-                    auth.server_handshake(sock, self._secret)
-                buf = bytearray(_HELLO.size)
-                _recv_exact(sock, memoryview(buf))
-            except (OSError, auth.AuthError) as e:
-                what = "authentication failed: " if isinstance(e, auth.AuthError) else ""
-                refuse(sock, who, f"{what}{e or type(e).__name__}")
-                return
-            peer, got_nonce = _HELLO.unpack(buf)
-            if got_nonce != nonce:
-                refuse(sock, who, "its hello does not carry the nonce this rank published")
-            elif not self.rank < peer < self.size:
-                refuse(sock, who, f"it claims rank {peer}, expected one of "
-                                  f"{self.rank + 1}..{self.size - 1}")
-            else:
-                sock.settimeout(None)
-                with lock:
-                    pending.discard(sock)
-                    if not finished:
-                        vetted.put((peer, sock, who))
-                        return
-                sock.close()
-
-        def accept_loop() -> None:
-            while True:
-                try:
-                    sock, addr = listener.accept()
-                except OSError:
-                    return  # the listener was shut down: every peer is in
-                who = f"{addr[0]}:{addr[1]}"
-                with lock:
-                    crowded = len(pending) >= _MAX_PENDING
-                    if not crowded:
-                        pending.add(sock)
-                if crowded:
-                    refuse(sock, who, f"{_MAX_PENDING} connections are being vetted already")
-                    continue
-                threading.Thread(target=vet, args=(sock, who), daemon=True,
-                                 name=f"pyc10d-tcp-vet-{self.rank}").start()
-
-        acceptor = threading.Thread(target=accept_loop, daemon=True,
-                                    name=f"pyc10d-tcp-accept-{self.rank}")
-        acceptor.start()
-        try:
-            expected = self.size - 1 - self.rank
-            while expected:
-                try:
-                    peer, sock, who = vetted.get(timeout=max(deadline - time.monotonic(), 0.0))
-                except queue.Empty:
-                    missing = [r for r in range(self.rank + 1, self.size) if self._socks[r] is None]
-                    raise DistNetworkError(
-                        f"tcp transport: rank {self.rank} timed out after {timeout:.0f}s waiting "
-                        f"for connections from ranks {missing}"
-                    ) from None
-                if self._socks[peer] is not None:
-                    refuse(sock, who, f"rank {peer} is connected already")
-                    continue
-                self._socks[peer] = sock
-                expected -= 1
-        finally:
-            with lock:
-                finished = True
-                stragglers = list(pending)
-            for sock in (listener, *stragglers):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)  # wakes accept() and the vetting threads
-                except OSError:
-                    pass
-            listener.close()
-            acceptor.join(timeout=1.0)
-            while not vetted.empty():
-                vetted.get()[1].close()
-
-    def _dial(self, host: str, port: int, deadline: float) -> socket.socket:
+    def _open(self, peer: int, host: str, port: int, deadline: float) -> socket.socket:
+        """Connect to ``peer``'s listener, retrying until ``deadline``. A refusal means the
+        listener is gone (it lives as long as the rank's transport): that peer is lost."""
         delay = 0.01
         while True:
             try:
                 return socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.1))
+            except ConnectionRefusedError as e:
+                self.mailbox.peer_lost(peer, f"its listener at {host}:{port} refused a connection "
+                                             f"from rank {self.rank} ({e.strerror}): it is gone")
+                raise self.mailbox.dead[peer] from e
             except OSError as e:
                 if time.monotonic() + delay > deadline:
                     raise DistNetworkError(
-                        f"tcp transport: rank {self.rank} could not connect to {host}:{port}: {e}"
+                        f"tcp transport: rank {self.rank} could not connect to rank {peer} at "
+                        f"{host}:{port}: {e}"
                     ) from e
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
+
+    def _dial_in_background(self, peer: int, after: float) -> None:
+        """Dial ``peer`` on a thread, ``after`` seconds from now unless it is connected by
+        then; a loss shows in ``is_alive`` and fails the receives from it."""
+        def dial() -> None:
+            try:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._socks[peer] is not None or self._closing, after)
+                self._connection(peer)
+            except Exception:  # noqa: BLE001 - a loss fails the receive; the rest time out
+                pass
+            finally:
+                self._probing[peer] = False
+
+        self._probing[peer] = True
+        threading.Thread(target=dial, daemon=True, name=f"pyc10d-tcp-dial-{self.rank}->{peer}").start()
+
+    def irecv(self, peer: int, channel: int, buf: memoryview) -> RecvHandle:
+        handle = RecvHandle(buf, peer, channel)
+        self.mailbox.post(handle)
+        # The data will come over the connection the sender dials; a receive dials only to
+        # learn that a peer which never connected has gone. Give the sender a moment first,
+        # so that the pair is not dialled from both ends.
+        if peer >= 0:
+            if self._socks[peer] is None:
+                self._probe(peer, PROBE_AFTER_S)
+        else:  # failed only once every peer is known lost, so it connects to all of them
+            for p in range(self.size):  # (rare: object collectives, p2p with ``src=None``)
+                if p != self.rank:
+                    self._probe(p, PROBE_AFTER_S)
+        return handle
+
+    def probe(self, peer: int) -> None:
+        self._probe(peer, 0.0)
+
+    def _probe(self, peer: int, after: float) -> None:
+        if (self._socks[peer] is None and not self._dialing[peer] and not self._probing[peer]
+                and peer not in self.mailbox.dead):
+            self._dial_in_background(peer, after)
 
     # -- data path ------------------------------------------------------------------------
     def _send(self, peer: int, kind: int, channel: int, data: memoryview, meta: int) -> None:
         sock = self._socks[peer]
         if sock is None:
-            raise DistNetworkError(f"tcp transport: no connection from rank {self.rank} to rank {peer}")
+            sock = self._connection(peer)
         header = _HEADER.pack(channel, len(data), meta, kind)
         try:
             with self._send_locks[peer]:
@@ -324,12 +385,20 @@ class TCPTransport(FramedTransport):
 
     # -- failure and shutdown -----------------------------------------------------------
     def is_alive(self, peer: int) -> bool:
-        return peer not in self.mailbox.dead and self._socks[peer] is not None
+        """Not known to be lost (a peer never connected to counts as alive)."""
+        return peer not in self.mailbox.dead
+
+    def is_connected(self, peer: int) -> bool:
+        return self._socks[peer] is not None and peer not in self.mailbox.dead
 
     def close(self) -> None:
-        if self._closing:
-            return
-        self._closing = True
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify_all()
+        if self._listener is not None:
+            self._listener.close()
         for peer, sock in enumerate(self._socks):
             if sock is None:
                 continue
@@ -339,7 +408,9 @@ class TCPTransport(FramedTransport):
             except OSError:
                 pass
         deadline = time.monotonic() + 1.0
-        for t in self._threads:
+        with self._cond:
+            threads = list(self._threads)
+        for t in threads:
             t.join(timeout=max(deadline - time.monotonic(), 0.0))
         for sock in self._socks:
             if sock is not None:

@@ -21,6 +21,7 @@ from pyc10d.errors import DistNetworkError
 from pyc10d.store import HashStore, PrefixStore, Store
 from pyc10d.transport import framed
 from pyc10d.transport.tcp import _HEADER, _HELLO, HELLO_TIMEOUT_S, TCPTransport
+from pyc10d.transport.tcp_listener import ACCEPTED
 
 
 @pytest.fixture(autouse=True)
@@ -87,10 +88,26 @@ def garbage_hello(rng: random.Random, nonce: int, size: int) -> tuple[str, bytes
     return kind, rng.randbytes(rng.randrange(64, 4096))  # far more than a hello
 
 
+def send_garbage(host: str, port: int, nonce: int, n: int, rng: random.Random,
+                 kinds: dict[str, int]) -> None:
+    for _ in range(n):
+        kind, data = garbage_hello(rng, nonce, 2)
+        kinds[kind] = kinds.get(kind, 0) + 1
+        with socket.create_connection((host, port), timeout=5) as s:
+            try:
+                s.sendall(data)
+                s.shutdown(socket.SHUT_WR)
+                s.settimeout(10)
+                assert s.recv(1) == b""  # refused: closed without a word
+            except OSError:
+                pass  # reset already: it closed with some of our bytes unread
+
+
 @pytest.mark.timeout(300 if FRAMES > 20000 else 40)
-def test_garbage_at_the_listener_during_setup(caplog) -> None:
-    """Garbage and silent connections reach rank 0's listener before its real peer does; the
-    real peer still connects at once and the two exchange messages."""
+def test_garbage_at_the_listener(caplog) -> None:
+    """Garbage and silent connections reach rank 0's listener before its real peer does and
+    while the two are connected (the listener is up for the transport's lifetime: connections
+    open on first use); the real peer still connects at once and the two exchange messages."""
     rng = random.Random(11)
     store = PrefixStore("t", HashStore())
     out: dict = {}
@@ -100,51 +117,49 @@ def test_garbage_at_the_listener_during_setup(caplog) -> None:
     n = max(FRAMES // 10, 200)
     kinds: dict[str, int] = {}
     with caplog.at_level(logging.WARNING, logger="pyc10d"):
-        for _ in range(n):
-            kind, data = garbage_hello(rng, nonce, 2)
-            kinds[kind] = kinds.get(kind, 0) + 1
-            with socket.create_connection((host, port), timeout=5) as s:
-                try:
-                    s.sendall(data)
-                    s.shutdown(socket.SHUT_WR)
-                    s.settimeout(10)
-                    assert s.recv(1) == b""  # refused: closed without a word
-                except OSError:
-                    pass  # reset already: it closed with some of our bytes unread
-        refused = caplog.text.count("refused the connection from")
+        send_garbage(host, port, nonce, n // 2, rng, kinds)
         start = time.monotonic()
         t1 = start_rank(store, 1, 2, out)
         t1.join(15)
         t0.join(15)
-        setup_s = time.monotonic() - start
-    for s in silent:
-        s.close()
-    a, b = out[0], out[1]
-    assert isinstance(a, TCPTransport) and isinstance(b, TCPTransport), out
-    try:
-        print(f"\ntcp listener fuzz: {n} garbage connections ({kinds}) and {len(silent)} silent "
-              f"ones; {refused} refusals logged; the real peer then connected in {setup_s:.2f}s")
-        # Silent connections are still being vetted: they must not have held the peer up.
-        assert setup_s < HELLO_TIMEOUT_S / 2
-        assert refused == n
-        for size in (0, 1, 100_000):
-            exchange(a, b, rng.randbytes(size))
-    finally:
-        close_all(a, b)
-    # The listener is gone once every peer is in: nothing more to attack.
+        a, b = out[0], out[1]
+        assert isinstance(a, TCPTransport) and isinstance(b, TCPTransport), out
+        try:
+            exchange(a, b, b"first")  # rank 1 dials rank 0 through the crowd
+            setup_s = time.monotonic() - start
+            send_garbage(host, port, nonce, n - n // 2, rng, kinds)
+            refused = caplog.text.count("refused the connection from")
+            print(f"\ntcp listener fuzz: {n} garbage connections ({kinds}) and {len(silent)} "
+                  f"silent ones; {refused} refusals logged; the real peer connected and "
+                  f"exchanged its first message in {setup_s:.2f}s")
+            # Silent connections are still being vetted: they must not have held the peer up.
+            assert setup_s < HELLO_TIMEOUT_S / 2
+            assert refused == n
+            for size in (0, 1, 100_000):
+                exchange(a, b, rng.randbytes(size))
+        finally:
+            for s in silent:
+                s.close()
+            close_all(a, b)
+    # The listener is gone once the transport is closed: nothing more to attack.
     with pytest.raises(OSError):
         socket.create_connection((host, port), timeout=2).close()
 
 
 class FakePeer:
-    """A highest rank made of raw sockets: it says hello to every real rank, then misbehaves."""
+    """A highest rank made of raw sockets: it joins, dials every real rank (which accepts the
+    connection), then misbehaves."""
 
-    def __init__(self, store: Store, rank: int, real: int) -> None:
+    def __init__(self, store: Store, rank: int, real: int, size: int) -> None:
+        store.set(f"tcp_addr/{rank}", "127.0.0.1:9:0")  # never dialled: it dials the real ranks
+        if store.add("tcp_joined", 1) == size:
+            store.set("tcp_all", b"1")
         self.socks = []
         for peer in range(real):
             host, port, nonce = address(store, peer)
             s = socket.create_connection((host, port), timeout=10)
             s.sendall(_HELLO.pack(rank, nonce))
+            assert s.recv(1) == ACCEPTED
             self.socks.append(s)
 
     def close(self) -> None:
@@ -192,7 +207,7 @@ def test_bad_frames_from_a_peer_drop_only_that_peer(monkeypatch, caplog) -> None
         store = PrefixStore("t", HashStore())
         out: dict = {}
         threads = [start_rank(store, r, size, out) for r in (0, 1)]
-        fakes = [FakePeer(store, r, 2) for r in range(2, size)]
+        fakes = [FakePeer(store, r, 2, size) for r in range(2, size)]
         for t in threads:
             t.join(15)
         a, b = out[0], out[1]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from pyc10d.algorithms.comm import byte_view
+from pyc10d.errors import DistNetworkError
 from pyc10d.store import HashStore, PrefixStore
 from pyc10d.transport import framed, tcp
 from pyc10d.transport.tcp import TCPTransport, sockbuf_bytes
@@ -21,7 +22,7 @@ CH = (3 << 32) | 9
 
 
 def world(size: int) -> list[TCPTransport]:
-    """``size`` transports in threads of this process (construction blocks until all connect)."""
+    """``size`` transports in threads of this process (construction blocks until all publish)."""
     store = HashStore()
     out: list[TCPTransport | None] = [None] * size
     errors: list[BaseException] = []
@@ -81,8 +82,11 @@ def test_sockbuf_policy(monkeypatch) -> None:
 def test_oversubscribed_host_gets_fixed_buffers(monkeypatch) -> None:
     monkeypatch.delenv("PYC10D_TCP_SOCKBUF", raising=False)
     monkeypatch.setattr(tcp, "_usable_cpus", lambda: 1)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     ts = world(3)
     try:
+        ring(ts)
+        checked = 0
         for t in ts:
             for peer, sock in enumerate(t._socks):
                 if sock is None:
@@ -90,6 +94,99 @@ def test_oversubscribed_host_gets_fixed_buffers(monkeypatch) -> None:
                 # Linux reports twice the requested size (it books its own overhead).
                 got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
                 assert tcp._OVERSUBSCRIBED_SOCKBUF <= got <= 2 * tcp._OVERSUBSCRIBED_SOCKBUF, (t.rank, peer)
+                checked += 1
+        assert checked == 6
+    finally:
+        for t in ts:
+            t.close()
+
+
+def ring(ts: list[TCPTransport], payload: bytes = b"ring") -> None:
+    """Each rank sends to its right and receives from its left, all at once."""
+    n = len(ts)
+    bufs = [bytearray(len(payload)) for _ in ts]
+    handles = [t.irecv((t.rank - 1) % n, CH, memoryview(bufs[t.rank])) for t in ts]
+    senders = [threading.Thread(target=t.send, args=((t.rank + 1) % n, CH, memoryview(payload)))
+               for t in ts]
+    for th in senders:
+        th.start()
+    for th in senders:
+        th.join(20)
+    for h in handles:
+        assert h.wait(20) == (len(payload), 0)
+    assert all(bytes(b) == payload for b in bufs)
+
+
+def connections(t: TCPTransport) -> list[int]:
+    return [p for p, s in enumerate(t._socks) if s is not None]
+
+
+def test_connections_open_on_first_use() -> None:
+    """Construction connects nothing; a ring opens two connections per rank, not size - 1."""
+    ts = world(5)
+    try:
+        assert all(connections(t) == [] for t in ts)
+        ring(ts)
+        for t in ts:
+            assert connections(t) == sorted({(t.rank - 1) % 5, (t.rank + 1) % 5}), t.rank
+        ring(ts, b"again")  # no new connection
+        assert all(len(connections(t)) == 2 for t in ts)
+    finally:
+        for t in ts:
+            t.close()
+
+
+@pytest.mark.parametrize("trial", range(10))
+def test_simultaneous_dials_leave_one_connection(trial: int) -> None:
+    """Both ranks of a pair receive from and send to each other at once, so each dials the
+    other: one connection survives (the higher rank's), on both sides, and nothing is lost."""
+    a, b = world(2)
+    try:
+        got = [bytearray(3), bytearray(3)]
+        ha = a.irecv(1, CH, memoryview(got[0]))  # both dial in the background...
+        hb = b.irecv(0, CH, memoryview(got[1]))
+        ts = [threading.Thread(target=a.send, args=(1, CH, memoryview(b"a>b"))),
+              threading.Thread(target=b.send, args=(0, CH, memoryview(b"b>a")))]
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join(20)
+        assert ha.wait(10) == (3, 0) and hb.wait(10) == (3, 0)
+        assert got == [bytearray(b"b>a"), bytearray(b"a>b")]
+        sa, sb = a._socks[1], b._socks[0]
+        assert sa is not None and sb is not None
+        assert sa.getsockname() == sb.getpeername() and sa.getpeername() == sb.getsockname()
+    finally:
+        close_pair(a, b)
+
+
+def close_pair(a: TCPTransport, b: TCPTransport) -> None:
+    threads = [threading.Thread(target=t.close) for t in (a, b)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(10)
+
+
+def test_a_peer_gone_before_any_connection_is_named() -> None:
+    """Rank 2 leaves before anyone connected to it: a receive from it fails at once (its
+    listener refuses), naming it, rather than waiting out the timeout; sends fail the same."""
+    ts = world(3)
+    try:
+        ts[2].close()
+        start = time.monotonic()
+        h = ts[0].irecv(2, CH, memoryview(bytearray(4)))
+        with pytest.raises(DistNetworkError, match="rank 2 .*refused"):
+            h.wait(10)
+        with pytest.raises(DistNetworkError, match="rank 2"):
+            ts[1].send(2, CH, memoryview(b"lost"))
+        assert time.monotonic() - start < 3
+        assert not ts[0].is_alive(2) and ts[0].is_alive(1)
+        ring_pair = ts[:2]
+        exchange = bytearray(2)
+        h = ring_pair[1].irecv(0, CH, memoryview(exchange))
+        ring_pair[0].send(1, CH, memoryview(b"ok"))
+        assert h.wait(10) == (2, 0) and exchange == b"ok"
     finally:
         for t in ts:
             t.close()
