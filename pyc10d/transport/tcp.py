@@ -127,10 +127,11 @@ class TCPTransport(FramedTransport):
     ``irecv`` from a peer not yet connected dials it in the background, so that a peer that
     died before it ever sent is noticed (its listener refuses) rather than waited out.
 
-    Both ranks of a pair may dial each other at once (each posts a receive from the other):
-    the listener answers every vetted hello with one byte, and when a rank's own dial to the
-    same peer is under way, the dial of the *higher* rank wins on both sides — the lower
-    rank's dial is told ``USE_OTHER`` and waits for the higher rank's connection to land.
+    Both ranks of a pair may dial each other at once (each sends to the other): the listener
+    answers every vetted hello with one byte, and when a rank's own dial to the same peer is
+    under way, the dial of the *higher* rank wins on both sides — the lower rank's dial is
+    told ``USE_OTHER`` and waits for the higher rank's connection to land. So the higher
+    rank never waits for the answer; only a dial to a higher rank does.
     """
 
     HEADER = _HEADER
@@ -185,15 +186,17 @@ class TCPTransport(FramedTransport):
         env = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
         return int(env) if env.isdigit() else self.size
 
-    def _install(self, peer: int, sock: socket.socket, answer: bytes | None) -> None:
+    def _install(self, peer: int, sock: socket.socket, answer: bytes | None,
+                 unanswered: bool = False) -> None:
         """Under ``_cond``: make ``sock`` the connection to ``peer`` and start its receiver.
-        ``answer`` (the listener's reply to the dialer) goes out before any data frame can."""
+        ``answer`` (the listener's reply to the dialer) goes out before any data frame can;
+        ``unanswered``: this rank dialled and has not read the peer's answer yet."""
         _tune(sock, sockbuf_bytes(_is_local(sock), self._ranks_on_host()))
         with self._send_locks[peer]:
             if answer is not None:
                 sock.sendall(answer)
             self._socks[peer] = sock
-        t = threading.Thread(target=self._receive_loop, args=(peer, sock), daemon=True,
+        t = threading.Thread(target=self._receive_loop, args=(peer, sock, unanswered), daemon=True,
                              name=f"pyc10d-tcp-recv-{self.rank}<-{peer}")
         t.start()
         self._threads.append(t)
@@ -264,7 +267,10 @@ class TCPTransport(FramedTransport):
                                                       f"authenticate with rank {peer} at {host}:{port}")
             sock.settimeout(max(deadline - time.monotonic(), 0.1))
             sock.sendall(_HELLO.pack(self.rank, int(nonce)))
-            answer = sock.recv(1)
+            # The higher rank's dial wins every race (see the class docstring), so it needs no
+            # answer before use: its receiver reads the answer ahead of the first frame. This
+            # keeps the peer's scheduling off the critical path of half of all first contacts.
+            answer = sock.recv(1) if self.rank < peer else None
             # create_connection's timeout would stay on the socket: the receive loop would then
             # take any idle spell longer than it for a lost peer. Block, as accepted sockets do.
             sock.settimeout(None)
@@ -276,8 +282,8 @@ class TCPTransport(FramedTransport):
             sock.close()
             raise
         with self._cond:
-            if answer == ACCEPTED and self._socks[peer] is None and not self._closing:
-                self._install(peer, sock, None)
+            if answer in (ACCEPTED, None) and self._socks[peer] is None and not self._closing:
+                self._install(peer, sock, None, unanswered=answer is None)
                 return sock
             sock.close()
             if answer != USE_OTHER:
@@ -372,8 +378,24 @@ class TCPTransport(FramedTransport):
         except OSError as e:
             raise self.mailbox.explain_loss(peer, f"send failed: {e}") from e
 
-    def _receive_loop(self, peer: int, sock: socket.socket) -> None:
+    def _receive_loop(self, peer: int, sock: socket.socket, unanswered: bool) -> None:
+        if unanswered and not self._answered(peer, sock):
+            return
         self._pump(peer, lambda view, _payload: _recv_exact(sock, view))
+
+    def _answered(self, peer: int, sock: socket.socket) -> bool:
+        """Read the peer's answer to this rank's dial; anything but ``ACCEPTED`` loses it."""
+        try:
+            answer = sock.recv(1)
+        except OSError as e:
+            answer, why = b"", str(e)
+        else:
+            why = f"answer {answer!r}; see rank {peer}'s log"
+        if answer == ACCEPTED:
+            return True
+        if not self._closing:
+            self.mailbox.peer_lost(peer, f"it did not take rank {self.rank}'s connection ({why})")
+        return False
 
     def _drop(self, peer: int) -> None:
         sock = self._socks[peer]
@@ -407,7 +429,7 @@ class TCPTransport(FramedTransport):
                 sock.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
-        deadline = time.monotonic() + 1.0
+        deadline = time.monotonic() + 1.0  # the receivers end at the peers' goodbyes
         with self._cond:
             threads = list(self._threads)
         for t in threads:

@@ -1,12 +1,16 @@
 """A tcp rank's listening socket: open for the transport's lifetime, every connection vetted.
 
 Connections are lazy (see ``tcp``): a peer may dial this rank at any time, not only during
-set-up, so the listener stays up until the transport closes. Anyone can reach it, so each
-connection is vetted on its own short-lived thread, bounded by ``HELLO_TIMEOUT_S``:
-authentication if ``PYC10D_AUTH_TOKEN`` is set, then the hello (the dialer's rank and the
-nonce this rank published through the store). A connection that fails any of it is closed
-without a word and the reason is logged; it never delays a real peer, and at most
-``MAX_PENDING`` connections are vetted at once.
+set-up, so the listener stays up until the transport closes. Anyone can reach it, so every
+connection is vetted before it becomes a peer's: authentication if ``PYC10D_AUTH_TOKEN`` is
+set, then the hello (the dialer's rank and the nonce this rank published through the store),
+within ``HELLO_TIMEOUT_S``. A connection that fails any of it is closed without a word and
+the reason is logged; at most ``MAX_PENDING`` connections are vetted at once.
+
+One thread does it all with ``selectors``, reading whatever each connection has sent: a
+silent or slow connection never delays a real peer, and a peer's dial costs no thread
+start on this side (a dial is on the critical path of a rank's first collective with that
+peer, and on a busy host every thread hand-off is a scheduling delay).
 
 A vetted hello is handed to ``admit(peer, sock)``, which answers the dialer with one byte (see
 ``tcp.TCPTransport._admit``): ``ACCEPTED`` (this socket is the pair's connection from now on)
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import selectors
 import socket
 import struct
 import threading
@@ -30,18 +35,26 @@ HELLO = struct.Struct("<Iq")  # the dialer's rank, the nonce this rank published
 ACCEPTED, USE_OTHER = b"\x01", b"\x00"
 # A connection to a rank's listener has this long to authenticate and say hello.
 HELLO_TIMEOUT_S = auth.HANDSHAKE_TIMEOUT_S
-# Connections vetted at once; more are refused (each holds a thread until it passes or fails).
+# Connections vetted at once; more are refused.
 MAX_PENDING = 512
 log = logging.getLogger("pyc10d")
 
 
-def recv_exact(sock: socket.socket, view: memoryview) -> None:
-    got, n = 0, len(view)
-    while got < n:
-        k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
-        if k == 0:
-            raise ConnectionResetError("connection closed by peer")
-        got += k
+class _Pending:
+    """A connection being vetted: its handshake (if a token is set) and hello so far."""
+
+    __slots__ = ("sock", "who", "deadline", "hs", "got")
+
+    def __init__(self, sock: socket.socket, who: str, secret: bytes | None) -> None:
+        self.sock, self.who = sock, who
+        self.deadline = time.monotonic() + HELLO_TIMEOUT_S
+        self.hs = None if secret is None else auth.ServerHandshake(secret)
+        self.got = bytearray()
+
+    def want(self) -> int:
+        if self.hs is not None and not self.hs.done:
+            return self.hs.want()
+        return HELLO.size - len(self.got)
 
 
 class Listener:
@@ -57,85 +70,139 @@ class Listener:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1" if host == "127.0.0.1" else "0.0.0.0", 0))
         self._sock.listen(max(size, 128))  # room for stray connections beside the peers
+        self._sock.setblocking(False)
         self.port = self._sock.getsockname()[1]
-        self._lock = threading.Lock()
-        self._pending: set[socket.socket] = set()
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._sel.register(self._sock, selectors.EVENT_READ, None)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._pending: dict[socket.socket, _Pending] = {}
         self._closed = False
-        self._thread = threading.Thread(target=self._accept_loop, daemon=True,
+        self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name=f"pyc10d-tcp-accept-{rank}")
         self._thread.start()
 
-    def _refuse(self, sock: socket.socket, who: str, reason: str) -> None:
-        with self._lock:
-            self._pending.discard(sock)
-            quiet = self._closed
-        if not quiet:
-            log.warning("tcp transport: rank %d refused the connection from %s: %s",
-                        self.rank, who, reason)
-        sock.close()
-
-    def _vet(self, sock: socket.socket, who: str) -> None:
+    # -- the loop -------------------------------------------------------------------------
+    def _loop(self) -> None:
         try:
-            sock.settimeout(HELLO_TIMEOUT_S)
-            if self._secret is not None:
-                auth.server_handshake(sock, self._secret)
-            buf = bytearray(HELLO.size)
-            recv_exact(sock, memoryview(buf))
-        except (OSError, auth.AuthError) as e:
-            what = "authentication failed: " if isinstance(e, auth.AuthError) else ""
-            self._refuse(sock, who, f"{what}{e or type(e).__name__}")
-            return
-        peer, got_nonce = HELLO.unpack(buf)
-        if got_nonce != self.nonce:
-            self._refuse(sock, who, "its hello does not carry the nonce this rank published")
-            return
-        if not (0 <= peer < self.size and peer != self.rank):
-            self._refuse(sock, who, f"it claims rank {peer}, not a peer of rank {self.rank} "
-                                    f"in a world of {self.size}")
-            return
-        sock.settimeout(None)
-        with self._lock:
-            self._pending.discard(sock)
-            closed = self._closed
-        if closed:
-            sock.close()
-            return
-        try:
-            reason = self._admit(peer, sock)
-        except OSError as e:  # the dialer went away before hearing the answer
-            reason = f"answering its hello failed: {e}"
-        if reason is not None:
-            self._refuse(sock, who, f"rank {peer}: {reason}")
+            while not self._closed:
+                timeout = None
+                if self._pending:
+                    first = min(p.deadline for p in self._pending.values())
+                    timeout = max(first - time.monotonic(), 0.0)
+                for key, _ in self._sel.select(timeout):
+                    if key.data is not None:
+                        self._readable(key.data)
+                    elif key.fileobj is self._sock:
+                        self._accept()
+                now = time.monotonic()
+                for p in [p for p in self._pending.values() if p.deadline <= now]:
+                    self._refuse(p, self._ended(p, "it sent no hello in time", timed_out=True))
+        finally:
+            for p in list(self._pending.values()):
+                self._drop(p)
+            self._sel.close()
+            self._sock.close()
+            self._wake_r.close()
 
-    def _accept_loop(self) -> None:
+    def _accept(self) -> None:
         while True:
             try:
                 sock, addr = self._sock.accept()
-            except OSError:
-                return  # the listener was shut down
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # e.g. out of file descriptors: log, keep serving the rest
+                log.warning("tcp transport: rank %d could not accept a connection: %s", self.rank, e)
+                return
             who = f"{addr[0]}:{addr[1]}"
-            with self._lock:
-                crowded = len(self._pending) >= MAX_PENDING
-                if not crowded:
-                    self._pending.add(sock)
-            if crowded:
-                self._refuse(sock, who, f"{MAX_PENDING} connections are being vetted already")
+            p = _Pending(sock, who, self._secret)
+            if len(self._pending) >= MAX_PENDING:
+                self._refuse(p, f"{MAX_PENDING} connections are being vetted already", pending=False)
                 continue
-            threading.Thread(target=self._vet, args=(sock, who), daemon=True,
-                             name=f"pyc10d-tcp-vet-{self.rank}").start()
+            sock.setblocking(False)
+            self._pending[sock] = p
+            self._sel.register(sock, selectors.EVENT_READ, p)
+
+    def _readable(self, p: _Pending) -> None:
+        try:
+            data = p.sock.recv(p.want())
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._refuse(p, str(e) or type(e).__name__)
+            return
+        if not data:
+            self._refuse(p, self._ended(p, "it closed the connection before its hello", timed_out=False))
+            return
+        if p.hs is not None and not p.hs.done:
+            try:
+                reply, rest = p.hs.feed(data)
+                if reply:
+                    p.sock.sendall(reply)  # 72 bytes to a fresh socket: the buffer takes them
+            except (OSError, auth.AuthError) as e:
+                what = "authentication failed: " if isinstance(e, auth.AuthError) else ""
+                self._refuse(p, f"{what}{e}")
+                return
+            data = rest
+        p.got += data
+        if len(p.got) >= HELLO.size:
+            self._hello(p)
+
+    def _hello(self, p: _Pending) -> None:
+        peer, got_nonce = HELLO.unpack(p.got[:HELLO.size])
+        if len(p.got) > HELLO.size:
+            self._refuse(p, "it sent more than a hello before its answer")
+        elif got_nonce != self.nonce:
+            self._refuse(p, "its hello does not carry the nonce this rank published")
+        elif not (0 <= peer < self.size and peer != self.rank):
+            self._refuse(p, f"it claims rank {peer}, not a peer of rank {self.rank} "
+                            f"in a world of {self.size}")
+        else:
+            self._forget(p)
+            p.sock.setblocking(True)
+            try:
+                reason = self._admit(peer, p.sock)
+            except OSError as e:  # the dialer went away before hearing the answer
+                reason = f"answering its hello failed: {e}"
+            if reason is not None:
+                self._refuse(p, f"rank {peer}: {reason}", pending=False)
+
+    # -- ending connections -----------------------------------------------------------------
+    @staticmethod
+    def _ended(p: _Pending, why: str, timed_out: bool) -> str:
+        """Why a connection that stopped (closed or went silent) is refused."""
+        if p.hs is not None and not p.hs.done:
+            return f"authentication failed: {p.hs.ended(timed_out=timed_out)}"
+        return why
+
+    def _forget(self, p: _Pending) -> None:
+        self._pending.pop(p.sock, None)
+        try:
+            self._sel.unregister(p.sock)
+        except (KeyError, ValueError):
+            pass
+
+    def _drop(self, p: _Pending) -> None:
+        self._forget(p)
+        p.sock.close()
+
+    def _refuse(self, p: _Pending, reason: str, pending: bool = True) -> None:
+        if not self._closed:
+            log.warning("tcp transport: rank %d refused the connection from %s: %s",
+                        self.rank, p.who, reason)
+        if pending:
+            self._drop(p)
+        else:
+            p.sock.close()
 
     def close(self) -> None:
         """Stop accepting; connections still being vetted are closed quietly."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            stragglers = list(self._pending)
-        for sock in (self._sock, *stragglers):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)  # wakes accept() and the vetting threads
-            except OSError:
-                pass
-        self._sock.close()
-        deadline = time.monotonic() + 1.0
-        self._thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        self._thread.join(timeout=1.0)
+        self._wake_w.close()

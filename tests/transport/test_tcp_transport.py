@@ -237,3 +237,19 @@ def test_receives_posted_out_of_stream_order_complete() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_a_refused_dial_from_the_higher_rank_is_not_silent() -> None:
+    """The higher rank uses its dial before hearing the answer (its dial wins every race);
+    when the peer refuses it after all (here: it dropped this rank earlier), the dialler
+    learns it from the answer and the peer is lost, not silently unreachable."""
+    a, b = world(2)
+    try:
+        a.mailbox.peer_lost(1, DistNetworkError("rank 1 sent garbage earlier"))
+        b.send(0, CH, memoryview(b"lost"))  # goes out before the answer comes back
+        h = b.irecv(0, CH, memoryview(bytearray(4)))
+        with pytest.raises(DistNetworkError, match="rank 0 .*did not take rank 1's connection"):
+            h.wait(10)
+        assert not b.is_alive(0)
+    finally:
+        close_pair(a, b)
