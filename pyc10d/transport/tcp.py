@@ -1,8 +1,10 @@
-"""TCP transport: one connection per peer pair, a receiver thread per peer.
+"""TCP transport: at most one connection per peer pair, opened on first use; a receiver
+thread per connected peer.
 
-Connection set-up goes through the store: every rank listens on an ephemeral port and
-publishes ``host:port``; rank ``i`` connects to every rank ``j < i`` and introduces itself,
-so each pair shares exactly one socket. Messages are framed by a 24-byte header
+Connection set-up goes through the store: every rank listens on an ephemeral port
+(``tcp_listener``) and publishes ``host:port:nonce``; a rank dials a peer when it first
+needs it and introduces itself, and races are settled so that each pair shares exactly one
+socket (see ``TCPTransport``). Messages are framed by a 24-byte header
 (channel, nbytes, meta, kind) followed by the raw payload: tensor bytes travel as
 memoryviews of tensor storage, never pickled.
 
@@ -163,22 +165,31 @@ class TCPTransport(FramedTransport):
         self._listener = Listener(self.rank, self.size, host, self._secret, self._admit)
         store.set(f"tcp_addr/{self.rank}", f"{host}:{self._listener.port}:{self._listener.nonce}")
         # The rank that completes the count says so; everybody waits for that one key (O(1)
-        # store traffic per rank, where waiting for every address would be O(size)).
-        if store.add("tcp_joined", 1) == self.size:
-            store.set("tcp_all", b"1")
+        # store traffic per rank, where waiting for every address would be O(size)). The
+        # count runs on if the same store serves a later group of the same name (destroy and
+        # init again): each round of ``size`` joins is a generation with its own key, and a
+        # rank publishes its address before it joins, so no address read after the join is
+        # a previous generation's.
+        joined = store.add("tcp_joined", 1)
+        generation = (joined - 1) // self.size
+        if joined % self.size == 0:
+            store.set(f"tcp_all/{generation}", b"1")
         try:
             # Under the group's timeout, not the store's (an explicit store keeps its own,
             # e.g. FileStore's 300 s).
-            store.wait(["tcp_all"], timedelta(seconds=max(timeout, 0.001)))
+            store.wait([f"tcp_all/{generation}"], timedelta(seconds=max(timeout, 0.001)))
         except DistTimeoutError as e:
             missing = [r for r in range(self.size) if not store.check([f"tcp_addr/{r}"])]
             self.close()
-            who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {missing}"
-            raise type(e)(
-                f"tcp transport: rank {self.rank} timed out after {timeout:.0f}s waiting for "
-                f"{who} to publish their address "
-                f"({', '.join(f'tcp_addr/{r}' for r in missing[:4])}; {e})"
-            ) from e
+            if missing:
+                who = f"rank {missing[0]}" if len(missing) == 1 else f"ranks {missing}"
+                what = (f"{who} to publish their address "
+                        f"({', '.join(f'tcp_addr/{r}' for r in missing[:4])}; {e})")
+            else:  # addresses of an earlier group of this name in this store hide who it is
+                short = (generation + 1) * self.size - store.add("tcp_joined", 0)
+                what = f"{short} more rank(s) to join ({e})"
+            raise type(e)(f"tcp transport: rank {self.rank} timed out after {timeout:.0f}s "
+                          f"waiting for {what}") from e
 
     def _ranks_on_host(self) -> int:
         """Ranks on this host, for the socket-buffer policy: the launcher's

@@ -153,7 +153,7 @@ class FakePeer:
     def __init__(self, store: Store, rank: int, real: int, size: int) -> None:
         store.set(f"tcp_addr/{rank}", "127.0.0.1:9:0")  # never dialled: it dials the real ranks
         if store.add("tcp_joined", 1) == size:
-            store.set("tcp_all", b"1")
+            store.set("tcp_all/0", b"1")
         self.socks = []
         for peer in range(real):
             host, port, nonce = address(store, peer)

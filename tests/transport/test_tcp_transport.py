@@ -21,9 +21,9 @@ pytestmark = pytest.mark.timeout(30)
 CH = (3 << 32) | 9
 
 
-def world(size: int) -> list[TCPTransport]:
+def world(size: int, store: HashStore | None = None) -> list[TCPTransport]:
     """``size`` transports in threads of this process (construction blocks until all publish)."""
-    store = HashStore()
+    store = store if store is not None else HashStore()
     out: list[TCPTransport | None] = [None] * size
     errors: list[BaseException] = []
 
@@ -253,3 +253,16 @@ def test_a_refused_dial_from_the_higher_rank_is_not_silent() -> None:
         assert not b.is_alive(0)
     finally:
         close_pair(a, b)
+
+
+def test_a_later_world_on_the_same_store_uses_fresh_addresses() -> None:
+    """Destroy and init again over one store (same key prefix): the join of the second round
+    must wait for the second round's addresses, not pass on the first round's keys."""
+    store = HashStore()
+    for round_ in range(3):
+        ts = world(3, store)
+        try:
+            ring(ts, f"round {round_}".encode())
+        finally:
+            for t in ts:
+                t.close()
