@@ -190,8 +190,8 @@ def test_reduce_scatter(algorithm: Callable, ws: int) -> None:
 
 # -- data movement ----------------------------------------------------------------------------
 @pytest.mark.parametrize("ws", WORLD_SIZES)
-@pytest.mark.parametrize("algorithm", [algo.broadcast_direct, algo.broadcast_scatter_allgather],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize("algorithm", [algo.broadcast_direct, algo.broadcast_scatter_allgather,
+                                       algo.broadcast_chain], ids=lambda f: f.__name__)
 def test_broadcast(algorithm: Callable, ws: int) -> None:
     for dtype in MOVE_DTYPES:
         for n in sizes_for(ws):
@@ -293,7 +293,6 @@ def test_select_thresholds() -> None:
         ("allreduce", algo.SMALL_ALLREDUCE, algo.allreduce_direct, algo.allreduce_ring),
         ("reduce_scatter", algo.SMALL_REDUCE_SCATTER, algo.reduce_scatter_direct, algo.reduce_scatter_ring),
         ("allgather", algo.SMALL_ALLGATHER, algo.allgather_direct, algo.allgather_ring),
-        ("broadcast", algo.SMALL_BROADCAST, algo.broadcast_direct, algo.broadcast_scatter_allgather),
         ("reduce", algo.SMALL_ALLREDUCE, algo.reduce_direct, algo.reduce_ring),
     ]
     for coll, limit, direct, ring in cases:
@@ -302,6 +301,16 @@ def test_select_thresholds() -> None:
             assert algo.select(coll, ws, limit) is direct, (coll, ws, limit)
             assert algo.select(coll, ws, limit + 1) is ring, (coll, ws, limit + 1)
             assert algo.select(coll, ws, 100 * limit) is ring
+    # broadcast: above the small size, the chain once the message spans n-2 segments
+    seg = segments.SEGMENT_BYTES
+    for ws in (3, 4, 8):
+        assert algo.select("broadcast", ws, 0) is algo.broadcast_direct
+        assert algo.select("broadcast", ws, algo.SMALL_BROADCAST) is algo.broadcast_direct
+        big = max(algo.SMALL_BROADCAST + 1, (ws - 2) * seg)
+        assert algo.select("broadcast", ws, big) is algo.broadcast_chain, ws
+        assert algo.select("broadcast", ws, 100 * big) is algo.broadcast_chain
+    assert algo.select("broadcast", 16, 2 * seg) is algo.broadcast_scatter_allgather
+    assert algo.select("broadcast", 16, 14 * seg) is algo.broadcast_chain
     # with two ranks a ring broadcast/reduce saves nothing: always direct
     for coll, direct in (("broadcast", algo.broadcast_direct), ("reduce", algo.reduce_direct)):
         assert algo.select(coll, 2, 1 << 30) is direct
@@ -345,19 +354,22 @@ def test_multi_segment_pipelines(monkeypatch: pytest.MonkeyPatch, ws: int, seg_b
                 algo.reduce_ring(comm, red, ws - 1, op)
                 bc = gen(key + "bc", r, dtype, n)
                 algo.broadcast_scatter_allgather(comm, bc, 1)
+                chain = gen(key + "chain", r, dtype, n)
+                algo.broadcast_chain(comm, chain, ws - 1)
                 blocks = [xs[p].clone() if p == r else torch.zeros(n, dtype=dtype) for p in range(ws)]
                 algo.allgather_ring(comm, blocks)
                 out = torch.empty(n, dtype=dtype)
                 algo.reduce_scatter_ring(comm, [gen(f"{key}rs{j}", r, dtype, n) for j in range(ws)], out, op)
-                return ar, red, bc, blocks, out, comm.transport.sends
+                return ar, red, bc, chain, blocks, out, comm.transport.sends
 
             res = run(ws, fn)
             want = ref_reduce(xs, name)
-            for r, (ar, red, bc, blocks, out, _sends) in enumerate(res):
+            for r, (ar, red, bc, chain, blocks, out, _sends) in enumerate(res):
                 assert torch.equal(ar, want), f"{key} allreduce_ring rank {r}"
                 if r == ws - 1:
                     assert torch.equal(red, want), f"{key} reduce_ring"
                 assert torch.equal(bc, gen(key + "bc", 1, dtype, n)), f"{key} broadcast rank {r}"
+                assert torch.equal(chain, gen(key + "chain", ws - 1, dtype, n)), f"{key} chain rank {r}"
                 for p in range(ws):
                     assert torch.equal(blocks[p], xs[p]), f"{key} allgather_ring rank {r} block {p}"
                 want_rs = ref_reduce([gen(f"{key}rs{r}", p, dtype, n) for p in range(ws)], name)
