@@ -139,6 +139,6 @@ def test_benchmark_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     record = json.loads(path.read_text())
     assert record["chosen"] == {"auto": "hier", "tcp": "tcp"}
     assert [row["bytes"] for row in record["best"]["auto"]] == [8, 64 << 10]
-    assert all(row["seconds"] > 0 for rows in record["best"].values() for row in rows)
+    assert all(row["seconds"] > 0 and row["checked"] for rows in record["best"].values() for row in rows)
     assert record["shaping"]["delay_ms"] == 1.0 or "sch_netem" in record["shaping"]["note"]
     assert "auto chose hier" in capsys.readouterr().out

@@ -4,7 +4,8 @@ Builds ``--hosts`` hosts (``pyc10d.testing.hosts``; needs root) with ``--ranks-p
 ranks each, shapes the links between them (``--delay-ms`` one-way netem delay, or when the
 kernel has no ``sch_netem`` a ``--rate`` limit with tbf, recorded in the JSON), and times
 all_reduce (float32, SUM) on ``auto`` (which picks the hierarchical backend) and on ``tcp``
-(the flat ring). Per size: a few warm-up calls, a barrier, then K calls back to back; a
+(the flat ring). Per size: a few warm-up calls, a barrier, then K calls back to back, each
+on its own buffer so that every result is checked afterwards (a wrong one stops the run); a
 rank's figure is its elapsed time / K, the reported one the maximum over ranks (the slowest
 rank bounds a synchronous step). Writes ``<out>/multihost-<time>.json`` and prints a table.
 """
@@ -40,23 +41,30 @@ def _rank(rank: int, ws: int, master: str, backend: str, sizes: list[int], scale
     import torch
 
     import pyc10d as dist
+    from pyc10d.bench.worker import Op
 
     torch.set_num_threads(1)
     dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=ws,
                             timeout=datetime.timedelta(seconds=120))
     rows = []
     for nbytes in sizes:
-        t = torch.ones(max(nbytes // 4, 1))
         k = _iters(nbytes, scale)
-        for _ in range(2):
-            dist.all_reduce(t)
+        op = Op(dist, "all_reduce", max(nbytes // 4, 1), rank, ws, k)  # k buffers: each checked
+        for i in range(2):
+            op.run(i)
+        op.reset()
         dist.barrier()
         start = time.perf_counter()
-        for _ in range(k):
-            dist.all_reduce(t)
+        for i in range(k):
+            op.run(i)
         mine = torch.tensor([(time.perf_counter() - start) / k], dtype=torch.float64)
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-        rows.append({"bytes": nbytes, "iters": k, "seconds": mine.item()})
+        ok = torch.tensor([0 if op.check() else 1])
+        dist.all_reduce(ok)  # how many ranks saw a wrong result
+        if ok.item():
+            raise SystemExit(f"multihost bench: {backend} all_reduce of {nbytes} bytes gave a wrong "
+                             f"result on {int(ok.item())} rank(s)")
+        rows.append({"bytes": nbytes, "iters": k, "seconds": mine.item(), "checked": True})
     if rank == 0:
         Path(out).write_text(json.dumps({"backend": dist.get_backend(), "rows": rows}))
     dist.destroy_process_group()
