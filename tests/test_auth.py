@@ -23,7 +23,8 @@ import pyc10d as dist
 from pyc10d import auth
 from pyc10d.errors import DistNetworkError
 from pyc10d.store import HashStore, PrefixStore, TCPStore
-from pyc10d.transport.tcp import _HELLO, TCPTransport
+from pyc10d.transport.tcp import TCPTransport
+from pyc10d.transport.tcp_listener import HELLO
 
 TOKEN = "correct horse battery staple"
 
@@ -172,7 +173,7 @@ def test_transport_listener_refuses_peers_without_the_token(monkeypatch, warning
     store.wait(["tcp_addr/0"], timedelta(seconds=10))
     host, port, nonce = store.get("tcp_addr/0").decode().rsplit(":", 2)
     with socket.create_connection((host, int(port)), timeout=5) as s:
-        s.sendall(_HELLO.pack(1, int(nonce)))  # a plain hello, right nonce, no token
+        s.sendall(HELLO.pack(1, int(nonce)))  # a plain hello, right nonce, no token
         try:
             assert s.recv(1) == b""
         except ConnectionResetError:

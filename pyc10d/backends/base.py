@@ -135,11 +135,11 @@ class Engine:
         self._early: dict[int, list[tuple[int, int]]] = {}
         if self.desync_check:
             transport.watch_unexpected(self.group_key, self._on_unexpected)
-            for peer in {g for i, g in enumerate(ranks) if i != rank}:  # sent before it watched
-                for channel in transport.unexpected_from(peer, self.group_key):
-                    for p, meta in transport.unexpected_on(channel):
-                        if p == peer:
-                            self._on_unexpected(p, channel, meta)
+            early = {c for i, g in enumerate(ranks) if i != rank  # sent before it watched
+                     for c in transport.unexpected_from(g, self.group_key)}
+            for channel in early:
+                for peer, meta in transport.unexpected_on(channel):
+                    self._on_unexpected(peer, channel, meta)
 
     # -- identity --------------------------------------------------------------------------
     def rank(self) -> int:

@@ -321,9 +321,10 @@ class HierBackend(Backend):
                 return dead
             if dead and not probed:  # connections open lazily: ask the rest of those hosts
                 probed = True
-                for h in self.layout.hosts:
-                    for g in set(h) - dead if dead & set(h) else ():
-                        self.transport.probe(self.ranks[g])
+                for members in map(set, self.layout.hosts):
+                    if members & dead:
+                        for g in members - dead:
+                            self.transport.probe(self.ranks[g])
             settled = all(set(h) <= dead for h in self.layout.hosts if dead & set(h))
             if (dead and settled) or time.monotonic() > deadline:
                 return dead

@@ -29,12 +29,9 @@ from ..store.base import Store
 from .base import Mailbox, RecvHandle
 from .framed import FramedTransport
 from .netif import advertised_address
-from .tcp_listener import ACCEPTED, HELLO, HELLO_TIMEOUT_S, USE_OTHER, Listener
-
-__all__ = ["HELLO_TIMEOUT_S", "TCPTransport", "sockbuf_bytes"]
+from .tcp_listener import ACCEPTED, HELLO, USE_OTHER, Listener
 
 _HEADER = struct.Struct("<QQII")
-_HELLO = HELLO
 _SMALL = 64 * 1024
 # A receive from a peer not connected yet dials it after this long (see ``irecv``).
 PROBE_AFTER_S = 0.25
@@ -235,22 +232,14 @@ class TCPTransport(FramedTransport):
             return sock
         deadline = time.monotonic() + self._timeout_s
         with self._cond:
-            while True:
-                sock = self._socks[peer]
-                if sock is not None:
-                    return sock
-                if peer in self.mailbox.dead:
-                    raise self.mailbox.dead[peer]
-                if self._closing:
-                    raise DistNetworkError(f"rank {self.rank}: transport closed")
+            while self._socks[peer] is None:
+                self._check_reachable(peer)
                 if not self._dialing[peer]:
                     self._dialing[peer] = True
                     break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise DistTimeoutError(f"tcp transport: rank {self.rank} timed out after "
-                                           f"{self._timeout_s:.0f}s connecting to rank {peer}")
-                self._cond.wait(left)
+                self._wait_for_change(deadline, f"connecting to rank {peer}")
+            else:
+                return self._socks[peer]
         try:
             return self._dial(peer, deadline)
         finally:
@@ -277,7 +266,7 @@ class TCPTransport(FramedTransport):
                 auth.authenticate(sock, self._secret, f"tcp transport: rank {self.rank} failed to "
                                                       f"authenticate with rank {peer} at {host}:{port}")
             sock.settimeout(max(deadline - time.monotonic(), 0.1))
-            sock.sendall(_HELLO.pack(self.rank, int(nonce)))
+            sock.sendall(HELLO.pack(self.rank, int(nonce)))
             # The higher rank's dial wins every race (see the class docstring), so it needs no
             # answer before use: its receiver reads the answer ahead of the first frame. This
             # keeps the peer's scheduling off the critical path of half of all first contacts.
@@ -303,14 +292,24 @@ class TCPTransport(FramedTransport):
                     f"connection (answer {answer!r}; see rank {peer}'s log)")
             # Rank ``peer`` dialled this rank at the same time and its connection wins.
             while self._socks[peer] is None:
-                if peer in self.mailbox.dead:
-                    raise self.mailbox.dead[peer]
-                left = deadline - time.monotonic()
-                if self._closing or left <= 0:
-                    raise DistTimeoutError(f"tcp transport: rank {self.rank} timed out waiting "
-                                           f"for rank {peer}'s connection")
-                self._cond.wait(left)
+                self._check_reachable(peer)
+                self._wait_for_change(deadline, f"waiting for rank {peer}'s connection")
             return self._socks[peer]
+
+    def _check_reachable(self, peer: int) -> None:
+        """Under ``_cond``: raise if no connection to ``peer`` can come any more."""
+        if peer in self.mailbox.dead:
+            raise self.mailbox.dead[peer]
+        if self._closing:
+            raise DistNetworkError(f"rank {self.rank}: transport closed")
+
+    def _wait_for_change(self, deadline: float, what: str) -> None:
+        """Under ``_cond``: wait for a change of connection state, until ``deadline``."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DistTimeoutError(f"tcp transport: rank {self.rank} timed out after "
+                                   f"{self._timeout_s:.0f}s {what}")
+        self._cond.wait(left)
 
     def _open(self, peer: int, host: str, port: int, deadline: float) -> socket.socket:
         """Connect to ``peer``'s listener, retrying until ``deadline``. A refusal means the
@@ -349,8 +348,7 @@ class TCPTransport(FramedTransport):
         threading.Thread(target=dial, daemon=True, name=f"pyc10d-tcp-dial-{self.rank}->{peer}").start()
 
     def irecv(self, peer: int, channel: int, buf: memoryview) -> RecvHandle:
-        handle = RecvHandle(buf, peer, channel)
-        self.mailbox.post(handle)
+        handle = super().irecv(peer, channel, buf)
         # The data will come over the connection the sender dials; a receive dials only to
         # learn that a peer which never connected has gone. Give the sender a moment first,
         # so that the pair is not dialled from both ends.

@@ -117,7 +117,7 @@ class Listener:
             who = f"{addr[0]}:{addr[1]}"
             p = _Pending(sock, who, self._secret)
             if len(self._pending) >= MAX_PENDING:
-                self._refuse(p, f"{MAX_PENDING} connections are being vetted already", pending=False)
+                self._refuse(p, f"{MAX_PENDING} connections are being vetted already")
                 continue
             sock.setblocking(False)
             self._pending[sock] = p
@@ -165,7 +165,7 @@ class Listener:
             except OSError as e:  # the dialer went away before hearing the answer
                 reason = f"answering its hello failed: {e}"
             if reason is not None:
-                self._refuse(p, f"rank {peer}: {reason}", pending=False)
+                self._refuse(p, f"rank {peer}: {reason}")
 
     # -- ending connections -----------------------------------------------------------------
     @staticmethod
@@ -186,14 +186,11 @@ class Listener:
         self._forget(p)
         p.sock.close()
 
-    def _refuse(self, p: _Pending, reason: str, pending: bool = True) -> None:
+    def _refuse(self, p: _Pending, reason: str) -> None:
         if not self._closed:
             log.warning("tcp transport: rank %d refused the connection from %s: %s",
                         self.rank, p.who, reason)
-        if pending:
-            self._drop(p)
-        else:
-            p.sock.close()
+        self._drop(p)  # (one not pending, or not registered, is just closed)
 
     def close(self) -> None:
         """Stop accepting; connections still being vetted are closed quietly."""

@@ -20,8 +20,8 @@ import pytest
 from pyc10d.errors import DistNetworkError
 from pyc10d.store import HashStore, PrefixStore, Store
 from pyc10d.transport import framed
-from pyc10d.transport.tcp import _HEADER, _HELLO, HELLO_TIMEOUT_S, TCPTransport
-from pyc10d.transport.tcp_listener import ACCEPTED
+from pyc10d.transport.tcp import _HEADER, TCPTransport
+from pyc10d.transport.tcp_listener import ACCEPTED, HELLO, HELLO_TIMEOUT_S
 
 
 @pytest.fixture(autouse=True)
@@ -78,13 +78,13 @@ def garbage_hello(rng: random.Random, nonce: int, size: int) -> tuple[str, bytes
     if kind == "random":
         return kind, rng.randbytes(rng.randrange(1, 40))
     if kind == "wrong_nonce":
-        return kind, _HELLO.pack(1, nonce ^ rng.randrange(1, 1 << 40))
+        return kind, HELLO.pack(1, nonce ^ rng.randrange(1, 1 << 40))
     if kind == "bad_rank":
-        return kind, _HELLO.pack(rng.randrange(size, 1 << 32), nonce)
+        return kind, HELLO.pack(rng.randrange(size, 1 << 32), nonce)
     if kind == "own_rank":
-        return kind, _HELLO.pack(0, nonce)
+        return kind, HELLO.pack(0, nonce)
     if kind == "half":
-        return kind, _HELLO.pack(1, nonce)[: rng.randrange(1, _HELLO.size)]
+        return kind, HELLO.pack(1, nonce)[: rng.randrange(1, HELLO.size)]
     return kind, rng.randbytes(rng.randrange(64, 4096))  # far more than a hello
 
 
@@ -158,7 +158,7 @@ class FakePeer:
         for peer in range(real):
             host, port, nonce = address(store, peer)
             s = socket.create_connection((host, port), timeout=10)
-            s.sendall(_HELLO.pack(rank, nonce))
+            s.sendall(HELLO.pack(rank, nonce))
             assert s.recv(1) == ACCEPTED
             self.socks.append(s)
 
