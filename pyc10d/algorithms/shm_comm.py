@@ -10,8 +10,6 @@ buffer parities are enough). ``start`` opens the operation: it publishes a descr
 
 from __future__ import annotations
 
-import struct
-
 import torch
 
 from ..errors import DistBackendError
@@ -55,7 +53,7 @@ class ShmComm:
         c = self.arena.next_phase(self.deadline, self.op)
         code = 0 if dtype is None else dtype_code(dtype)
         red_code = 0 if red is None else red.op.value + 1
-        self.arena.set_descriptor(c, _DESC.pack(OPCODES[collective] | (code << 8) | (red_code << 16), root, nbytes))
+        self.arena.set_descriptor(c, OPCODES[collective] | (code << 8) | (red_code << 16) | (root << 32), nbytes)
         self._check, self._exact = c, exact
         return c
 
@@ -92,7 +90,7 @@ class ShmComm:
         mine = a.descriptor(a.rank, c)
         for p in range(a.size):
             theirs = a.descriptor(p, c)
-            if theirs != mine if self._exact else theirs[:8] != mine[:8]:
+            if theirs != mine if self._exact else theirs[0] != mine[0]:
                 raise DistBackendError(
                     f"{self.op}: rank {a.members[p]} called {_describe(theirs)}, rank "
                     f"{a.members[a.rank]} called {_describe(mine)} (collective, reduce op, root, "
@@ -100,12 +98,10 @@ class ShmComm:
                 )
 
 
-_DESC = struct.Struct("<IIQ")  # opcode | dtype << 8 | (reduce op + 1) << 16, root, nbytes
-
-
-def _describe(d: bytes) -> str:
-    code, root, nbytes = _DESC.unpack(d)
-    op = code & 0xFF
+def _describe(d: tuple[int, int]) -> str:
+    """Words of a descriptor: opcode | dtype << 8 | (reduce op + 1) << 16 | root << 32; nbytes."""
+    code, nbytes = d
+    root, op = code >> 32, code & 0xFF
     name = _NAMES.get(op, f"op {op}")
     red = (code >> 16) & 0xFF
     if red:

@@ -170,6 +170,8 @@ class Engine:
     # -- running operations --------------------------------------------------------------
     def _op_timeout(self, opts: Any) -> float:
         t = getattr(opts, "timeout", UNSET_TIMEOUT)
+        if t is UNSET_TIMEOUT:
+            return self.options._timeout.total_seconds()
         if isinstance(t, timedelta) and t.total_seconds() > 0:
             return t.total_seconds()
         return self.timeout_s
@@ -189,9 +191,6 @@ class Engine:
             if self._closed:
                 raise DistBackendError(f"{opname}: process group {self.group_name!r} was destroyed")
             self._seq += 1
-            work = Work(opname, outputs, self._seq)
-            channel = (self.group_key << 32) | (self._seq & 0x7FFFFFFF)
-            job = (work, fn, channel, timeout, fp)
             seq = self._seq & 0x7FFFFFFF
             if fp:  # (arrays: no object per call to free, cold, _FP_RING calls later)
                 slot = seq & (_FP_RING - 1)
@@ -201,6 +200,11 @@ class Engine:
             # thread from running first; when only a stale token holds it, queue instead.
             inline = sync and self._pending == 0 and self._exec.acquire(blocking=False)
             self._pending += 1
+            # An inline operation's handle is made finished (no latch to build and release);
+            # only a failure gets a Work, to carry the error to ``wait``.
+            work = CompletedWork(opname, outputs, self._seq) if inline else Work(opname, outputs, self._seq)
+            channel = (self.group_key << 32) | seq
+            job = (work, fn, channel, timeout, fp)
             if not inline:
                 work._issued_at = _now()  # (an inline one is issued when it starts)
                 self._jobs.append(job)
@@ -220,7 +224,8 @@ class Engine:
         finally:
             if inline:
                 self._exec.release()
-        if inline:
+        if error is not None:
+            work = Work(opname, outputs, work.seq)
             work._finish(error)
         return work
 

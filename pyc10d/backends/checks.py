@@ -31,7 +31,7 @@ def check_root_tensor(opname: str, index: int, n: int) -> None:
 
 def check_same(opname: str, tensors: list[torch.Tensor], ref: torch.Tensor | None = None) -> None:
     """All tensors share the layout, dtype and shape of ``ref`` (default: the first)."""
-    if not tensors:
+    if not tensors or (ref is None and len(tensors) == 1):
         return
     ref = tensors[0] if ref is None else ref
     for t in tensors:

@@ -46,7 +46,7 @@ class CollectiveOps(Engine):
         opts = opts if opts is not None else AllreduceOptions()
         red = as_reduce_op(op if op is not None else opts.reduceOp)
         ck.check_non_empty("allreduce", tensors)
-        if any(t.is_sparse for t in tensors):
+        if tensors[0].is_sparse if len(tensors) == 1 else any(t.is_sparse for t in tensors):
             ck.check_same("allreduce", tensors)
             if red.op != RedOpType.SUM:
                 ck.fail("allreduce", f"unsupported reduction operation {red.name} for sparse tensors")

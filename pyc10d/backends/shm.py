@@ -150,9 +150,9 @@ class ShmBackend(Backend):
             return super()._allreduce_dense(comm, tensors, red, src)
         premultiply(h, red)
         sc = self._shm(comm)
-        nbytes = h.numel() * h.element_size()
+        nbytes = h.nbytes
         direct = None
-        if symmetric_allreduce is not None and nbytes >= SYMMETRIC_MIN_BYTES and red.op in _SYMMETRIC_OPS:
+        if nbytes >= SYMMETRIC_MIN_BYTES and symmetric_allreduce is not None and red.op in _SYMMETRIC_OPS:
             if src is not None:
                 h.copy_(src)
                 src = None

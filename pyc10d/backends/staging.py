@@ -10,13 +10,17 @@ import torch
 
 
 def host(t: torch.Tensor) -> torch.Tensor:
+    if t.is_cpu and not t.requires_grad and t.is_contiguous():
+        return t  # (a detached alias would cost a tensor per call and change nothing)
     d = t.detach()
-    if d.device.type == "cpu" and d.is_contiguous():
+    if d.is_cpu and d.is_contiguous():
         return d
     return d.to("cpu", memory_format=torch.contiguous_format, copy=True)
 
 
 def writeback(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if dst is src:
+        return
     d = dst.detach()
     if d.device.type == "cpu" and d.data_ptr() == src.data_ptr() and d.is_contiguous():
         return

@@ -146,14 +146,17 @@ class Arena:
         flat = self._meta_words[base:base + n * n].tolist()
         return [flat[p * n:(p + 1) * n] for p in range(n)]
 
-    def set_descriptor(self, c: int, desc: bytes) -> None:
-        """Publish this rank's 16-byte descriptor of the operation starting in phase ``c``."""
-        off = HEADER + self.rank * LINE + 72 + (c & 1) * 16
-        self.seg.mm[off:off + 16] = desc
+    def set_descriptor(self, c: int, head: int, nbytes: int) -> None:
+        """Publish this rank's descriptor of the operation starting in phase ``c``: two
+        64-bit words (what the operation is; its size), compared as integers, no bytes."""
+        i = (HEADER + self.rank * LINE + 72 + (c & 1) * 16) // 8
+        words = self._meta_words
+        words[i] = head
+        words[i + 1] = nbytes
 
-    def descriptor(self, p: int, c: int) -> bytes:
-        off = HEADER + p * LINE + 72 + (c & 1) * 16
-        return self.seg.mm[off:off + 16]
+    def descriptor(self, p: int, c: int) -> tuple[int, int]:
+        i = (HEADER + p * LINE + 72 + (c & 1) * 16) // 8
+        return self._meta_words[i], self._meta_words[i + 1]
 
     def rows(self, parity: int, dtype: torch.dtype, numel: int) -> list[torch.Tensor]:
         """``[slots(parity, dtype)[p, :numel] for p in ranks]``, cached (small ops repeat)."""
