@@ -5,13 +5,24 @@ over Gloo.
 ``python -m pyc10d.bench.ddp [--world-sizes 2,4] [--steps 8] [--rounds 2]`` launches one
 job per implementation and world size (``pyc10d.run`` on 127.0.0.1; ``--rounds`` times,
 keeping each job's fastest run), each training the same small transformer language model
-with the same seeds, batch and ``bucket_cap_mb``. Per job it measures, as medians over the timed steps (each step's time is the slowest rank's):
+with the same seeds, batch size and ``bucket_cap_mb``, every rank on its own batch. Each phase
+below runs ``--steps`` times back to back, as a training loop calls it (a barrier before the
+block only), and counts the block's time / ``--steps``; the phases take turns, ``--blocks``
+times, and each figure is the median block of the slowest rank:
 
 * ``step_ms``: forward + backward (with gradient averaging) + optimizer step;
 * ``compute_ms``: the same step under ``no_sync()``, i.e. without communication;
 * ``comm_ms``: all-reducing buffers of the model's bucket sizes back to back, nothing else;
 * ``hidden``: the share of ``comm_ms`` that did not lengthen the step,
   ``1 - (step_ms - compute_ms) / comm_ms`` clipped to [0, 1].
+
+Every timed result is checked: before timing, one step's gradients against the average of
+every rank's own; after each block of steps, that all ranks hold the same parameters (bit for
+bit: different batches make replicas drift apart the moment a gradient is not averaged);
+after each block of ``comm``, every buffer's value, which each all_reduce of the block fed
+into the next. A failed check stops the job, which the table then lists as failed. The
+``no_sync`` steps leave the replicas different by design; rank 0's parameters are broadcast
+after each such block, untimed.
 
 It prints a table and writes ``benchmarks/results/ddp-<time>.json``. torch.distributed is
 used here only as the reference implementation.
@@ -25,11 +36,11 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.launch import run_worker
+from pyc10d.bench.timing import back_to_back
 
 IMPLS = ["pyc10d-shm", "pyc10d-tcp", "torch-pyc10d_shm", "torch-gloo"]
 
@@ -77,13 +88,17 @@ def worker(args: argparse.Namespace) -> None:
     model = _model(vocab, context, args.dim, args.layers)
     ddp = DDP(model, bucket_cap_mb=args.bucket_cap_mb)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(1)
+    # Every rank its own batch: a gradient that was not averaged shows as replicas drifting apart.
+    g = torch.Generator().manual_seed(1 + rank)
     x = torch.randint(0, vocab, (args.batch, context), generator=g)
     y = torch.randint(0, vocab, (args.batch, context), generator=g)
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    def loss() -> torch.Tensor:
+        return F.cross_entropy(ddp(x).reshape(-1, vocab), y.reshape(-1))
 
     def step() -> None:
-        loss = F.cross_entropy(ddp(x).reshape(-1, vocab), y.reshape(-1))
-        loss.backward()
+        loss().backward()
         opt.step()
         opt.zero_grad(set_to_none=False)
 
@@ -93,7 +108,6 @@ def worker(args: argparse.Namespace) -> None:
 
     from pyc10d.nn import compute_bucket_assignment_by_size
 
-    params = [p for p in model.parameters() if p.requires_grad]
     cap = int(args.bucket_cap_mb * 1024 * 1024)
     buckets, _ = compute_bucket_assignment_by_size(
         params, [min(cap, 1024 * 1024), cap], tensor_indices=list(reversed(range(len(params))))
@@ -104,29 +118,78 @@ def worker(args: argparse.Namespace) -> None:
         for b in buffers:
             dist.all_reduce(b)
 
+    def fail(what: str) -> None:
+        raise SystemExit(f"ddp bench ({args.impl}, rank {rank}): {what}")
+
+    def check_average() -> None:
+        """One step's gradients are the average of every rank's own (checked once, untimed)."""
+        opt.zero_grad(set_to_none=False)
+        with ddp.no_sync():
+            loss().backward()
+        local = torch.cat([p.grad.reshape(-1) for p in params]).double()
+        opt.zero_grad(set_to_none=False)
+        loss().backward()
+        averaged = torch.cat([p.grad.reshape(-1) for p in params]).double()
+        opt.zero_grad(set_to_none=False)
+        dist.all_reduce(local)
+        if not torch.allclose(averaged, local / world, rtol=1e-4, atol=1e-6):
+            fail(f"gradients are not the average over ranks (max error {(averaged - local / world).abs().max():.3g})")
+
+    def resync() -> None:
+        """After ``no_sync`` steps on different batches the replicas differ: rank 0's again."""
+        with torch.no_grad():
+            for p in params:
+                dist.broadcast(p.data, 0)
+
+    def check_replicas(block: int) -> None:
+        """After a block of DDP steps every rank holds the same parameters, bit for bit."""
+        mine = torch.stack([p.detach().double().sum() for p in params])
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(everyone, mine)
+        if any(not torch.equal(other, mine) for other in everyone):
+            fail(f"parameters differ between ranks after block {block} of DDP steps")
+
+    def fill_buffers() -> None:
+        for b in buffers:
+            b.fill_(rank + 1)
+
+    def check_buffers(block: int) -> None:
+        """Each buffer went through every timed all_reduce of the block: (1 + ... + n) n^(k-1)."""
+        want = world * (world + 1) // 2 * world ** (args.steps - 1)  # exact in float32 while < 2^24
+        for i, b in enumerate(buffers):
+            err = float((b.double() - want).abs().max())
+            if err > (0 if want < 1 << 24 else 1e-5 * want):
+                fail(f"bucket buffer {i} after block {block}: expected {want} everywhere, off by up to {err:.6g}")
+
+    check_average()
+    resync()
     phases = (("step", step), ("compute", no_sync_step), ("comm", comm))
     for _ in range(args.warmup):
         for _, fn in phases:
             fn()
-    # Phases interleave step by step, so load from elsewhere on the host hits them alike.
+    resync()
+    # Each phase runs ``steps`` times back to back (a barrier before the block only, as a
+    # training loop runs), divided by ``steps``; the phases take turns block by block, so load
+    # from elsewhere on the host hits them alike.
     times: dict[str, list[float]] = {name: [] for name, _ in phases}
-    for _ in range(args.steps):
+    for block in range(args.blocks):
         for name, fn in phases:
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    results = {}
-    for name, values in times.items():
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
-        results[name] = t.tolist()
+            if name == "comm":
+                fill_buffers()
+            times[name].append(back_to_back(dist, lambda i, fn=fn: fn(), args.steps))
+            if name == "step":
+                check_replicas(block)
+            elif name == "compute":
+                resync()
+            else:
+                check_buffers(block)
     if rank == 0:
         rec = {
             "impl": args.impl, "world_size": world, "params": sum(p.numel() for p in params),
             "buckets": len(buckets), "bucket_cap_mb": args.bucket_cap_mb, "batch_per_rank": args.batch,
-            **{f"{k}_ms": 1e3 * statistics.median(v) for k, v in results.items()},
-            "times_s": results,
+            "steps_per_block": args.steps, "checked": True,
+            **{f"{k}_ms": 1e3 * statistics.median(v) for k, v in times.items()},
+            "times_s": times,
         }
         exposed = rec["step_ms"] - rec["compute_ms"]
         rec["hidden"] = min(1.0, max(0.0, 1 - exposed / rec["comm_ms"])) if rec["comm_ms"] > 0 else 1.0
@@ -136,7 +199,8 @@ def worker(args: argparse.Namespace) -> None:
 
 # ----------------------------------------------------------------------------- driver
 def run_job(impl: str, world: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any] | str:
-    worker_args = ["--impl", impl, "--steps", str(args.steps), "--warmup", str(args.warmup),
+    worker_args = ["--impl", impl, "--steps", str(args.steps), "--blocks", str(args.blocks),
+                   "--warmup", str(args.warmup),
                    "--dim", str(args.dim), "--layers", str(args.layers), "--context", str(args.context),
                    "--batch", str(args.batch), "--bucket-cap-mb", str(args.bucket_cap_mb)]
     return run_worker("pyc10d.bench.ddp", world, worker_args, workdir / f"{impl}-{world}.json", args.timeout)
@@ -146,7 +210,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="DDP step time: pyc10d vs torch+Gloo")
     p.add_argument("--impls", default=",".join(IMPLS))
     p.add_argument("--world-sizes", default="2,4")
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--steps", type=int, default=8, help="steps per timed block, back to back")
+    p.add_argument("--blocks", type=int, default=3, help="timed blocks per phase; the median is reported")
     p.add_argument("--rounds", type=int, default=2, help="runs of every job; the fastest is kept")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--dim", type=int, default=192)

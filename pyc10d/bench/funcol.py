@@ -27,28 +27,17 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from pyc10d.bench import metrics
 from pyc10d.bench.launch import run_worker
+from pyc10d.bench.timing import back_to_back
 
 
 def _loop_time(dist: Any, body: Any, k: int, reps: int) -> float:
     """Median over ``reps`` of (K back-to-back calls of ``body(i)``) / K, max over ranks (s)."""
-    import torch
-
-    out = []
-    for _ in range(reps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        for i in range(k):
-            body(i)
-        t = torch.tensor([(time.perf_counter() - t0) / k], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        out.append(float(t))
-    return statistics.median(out)
+    return statistics.median(back_to_back(dist, body, k) for _ in range(reps))
 
 
 def _worker(args: argparse.Namespace) -> None:

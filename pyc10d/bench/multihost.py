@@ -21,11 +21,11 @@ import platform
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.metrics import MIB, format_size, parse_size
+from pyc10d.bench.timing import back_to_back
 
 PORT = 29400
 
@@ -53,18 +53,13 @@ def _rank(rank: int, ws: int, master: str, backend: str, sizes: list[int], scale
         for i in range(2):
             op.run(i)
         op.reset()
-        dist.barrier()
-        start = time.perf_counter()
-        for i in range(k):
-            op.run(i)
-        mine = torch.tensor([(time.perf_counter() - start) / k], dtype=torch.float64)
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        seconds = back_to_back(dist, op.run, k)
         ok = torch.tensor([0 if op.check() else 1])
         dist.all_reduce(ok)  # how many ranks saw a wrong result
         if ok.item():
             raise SystemExit(f"multihost bench: {backend} all_reduce of {nbytes} bytes gave a wrong "
                              f"result on {int(ok.item())} rank(s)")
-        rows.append({"bytes": nbytes, "iters": k, "seconds": mine.item(), "checked": True})
+        rows.append({"bytes": nbytes, "iters": k, "seconds": seconds, "checked": True})
     if rank == 0:
         Path(out).write_text(json.dumps({"backend": dist.get_backend(), "rows": rows}))
     dist.destroy_process_group()

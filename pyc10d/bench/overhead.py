@@ -24,11 +24,11 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.launch import run_worker
+from pyc10d.bench.timing import back_to_back
 
 TARGET = {8: 0.05, 64 << 20: 0.01}
 
@@ -41,15 +41,7 @@ def _features_off(group: Any) -> None:
 
 
 def _loop(dist: Any, bufs: list[Any], group: Any) -> float:
-    import torch
-
-    dist.barrier(group=group)
-    t0 = time.perf_counter()
-    for b in bufs:
-        dist.all_reduce(b, group=group)
-    t = torch.tensor([(time.perf_counter() - t0) / len(bufs)], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return float(t)
+    return back_to_back(dist, lambda i: dist.all_reduce(bufs[i], group=group), len(bufs), group)
 
 
 def _worker(args: argparse.Namespace) -> None:

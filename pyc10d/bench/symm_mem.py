@@ -25,32 +25,24 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.launch import run_worker
+from pyc10d.bench.timing import back_to_back
 
 
 def _times(dist: Any, fns: dict[str, Callable[[], Any]], k: int, reps: int) -> dict[str, float]:
     """Per name: median over ``reps`` of (``k`` calls of ``fn``) / k, the slowest rank's
     (seconds). The functions take turns within each round, so load from elsewhere on the
     host hits them alike."""
-    import torch
-
     for fn in fns.values():
         fn()  # warm-up
     out: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(k):
-                fn()
-            t = torch.tensor([(time.perf_counter() - t0) / k], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            out[name].append(float(t))
+            out[name].append(back_to_back(dist, lambda i, fn=fn: fn(), k))
     return {name: statistics.median(v) for name, v in out.items()}
 
 

@@ -25,3 +25,4 @@ def test_ddp_bench_smoke(tmp_path: Path) -> None:
     assert {r["impl"] for r in records} == {"pyc10d-shm", "pyc10d-tcp"}
     for r in records:
         assert r["world_size"] == 2 and r["step_ms"] > 0 and 0 <= r["hidden"] <= 1
+        assert r["checked"] and r["steps_per_block"] == 2 and len(r["times_s"]["step"]) == 3
