@@ -10,6 +10,7 @@ is only a backstop for a hung server. A dead server surfaces as DistStoreError. 
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -33,6 +34,21 @@ BadFrame, MAX_PARTS, max_part_bytes = wire.BadFrame, wire.MAX_PARTS, wire.max_pa
 _read_frame, _STATUSES = wire.read_frame, wire.STATUSES
 _INIT_KEY = b"init/"  # counts joined workers; user keys are "/" + key, as in torch
 _GRACE_S = 30.0  # extra client-side patience beyond a server-enforced timeout
+_TIMEVAL = struct.Struct("@ll")
+
+
+def _kernel_timeout(sock: socket.socket, seconds: float | None) -> None:
+    """Bound every send and receive on ``sock`` by ``seconds`` (None: no bound) in the kernel
+    (``SO_SNDTIMEO``/``SO_RCVTIMEO``), the socket staying blocking for Python: a Python
+    socket timeout polls before each call, two system calls and two GIL hand-offs more per
+    request, and the clients' CPU is what limits a busy store. A call that runs out fails
+    with ``BlockingIOError`` (EAGAIN)."""
+    micros = 0 if seconds is None else max(1, int(seconds * 1e6))  # (0 means no bound)
+    tv = _TIMEVAL.pack(*divmod(micros, 1_000_000))
+    for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+        sock.setsockopt(socket.SOL_SOCKET, opt, tv)
+
+
 _RECV = 64 * 1024  # under malloc's mmap threshold: a small answer costs no mmap/munmap
 
 
@@ -133,7 +149,7 @@ class TCPStore(Store):
             try:
                 limit = None if wait_s is None else wait_s + _GRACE_S
                 if limit != self._sock_timeout:
-                    self._sock.settimeout(limit)
+                    _kernel_timeout(self._sock, limit)
                     self._sock_timeout = limit
                 self._sock.sendall(wire.pack(code, parts))
                 status, out = self._reply()
@@ -145,6 +161,12 @@ class TCPStore(Store):
             except auth.AuthError as e:
                 self._give_up(str(e))
                 raise
+            except BlockingIOError as e:  # the kernel's deadline (``_kernel_timeout``) passed
+                self._give_up(
+                    f"TCPStore got no answer from the server at {self._host}:{self._port} within "
+                    f"{limit:g} s; the server is stuck or unreachable"
+                )
+                raise DistStoreError(self._broken) from e
             except (OSError, wire.BadFrame) as e:
                 self._give_up(
                     f"TCPStore lost its connection to the server at {self._host}:{self._port} "

@@ -290,6 +290,27 @@ def test_tcp_client_retries_until_server_starts():
 
 
 @pytest.mark.timeout(10)
+def test_tcp_client_gives_up_on_a_server_that_never_answers(monkeypatch):
+    """The client's own deadline (in the kernel, the socket blocking for Python) ends a call
+    to a server that accepted the connection and then says nothing, naming what happened."""
+    import pyc10d.store.tcp as tcp_mod
+
+    monkeypatch.setattr(tcp_mod, "_GRACE_S", 0.2)
+    mute = socket.create_server(("localhost", 0))
+    port = mute.getsockname()[1]
+    store = TCPStore("localhost", port, timeout=timedelta(seconds=0.3), wait_for_workers=False)
+    conn, _ = mute.accept()
+    t0 = time.monotonic()
+    with pytest.raises(DistStoreError, match=rf"no answer from the server at localhost:{port} within 0.5 s"):
+        store.get("k")
+    assert time.monotonic() - t0 < 3
+    with pytest.raises(DistStoreError, match="no answer"):  # and every later call says the same
+        store.set("k", "v")
+    conn.close()
+    mute.close()
+
+
+@pytest.mark.timeout(10)
 def test_tcp_connect_timeout():
     t0 = time.monotonic()
     port = _free_port()
