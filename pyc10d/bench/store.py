@@ -15,7 +15,8 @@ Every op runs for ``--seconds`` in a window that starts at the same instant in e
 process (``CLOCK_MONOTONIC`` is system wide); throughput is the ops completed in the window
 over its length, p50/p99 over every op's latency. The server shares the machine's cores with
 the clients, so this measures the whole stack, the client library included. Writes
-``<out>/store-<time>.json`` and a plot beside it.
+``<out>/store-<time>.json`` and a plot beside it. Every answer is checked (see ``_run_op``);
+a wrong one is counted in the record and makes the run exit 1.
 """
 
 from __future__ import annotations
@@ -46,20 +47,31 @@ def _client(impl: str, host: str, port: int) -> Any:
                     wait_for_workers=False)
 
 
-def _run_op(store: Any, op: str, tid: str, t0: float, t1: float, lat: list[float]) -> int:
-    """Issue ``op`` back to back until ``t1``; latencies (us) of the ops inside [t0, t1]."""
-    key, value = f"bench/{tid}", b"x" * 16
-    call = {"set": lambda: store.set(key, value), "get": lambda: store.get(key),
-            "add": lambda: store.add(f"bench/n/{tid}", 1), "wait": lambda: store.wait([key])}[op]
+def _run_op(store: Any, op: str, tid: str, t0: float, t1: float, lat: list[float]) -> tuple[int, int]:
+    """Issue ``op`` back to back until ``t1``: (ops inside [t0, t1], wrong answers among all
+    issued); latencies (us) of the ops inside the window go to ``lat``. Every answer is
+    checked: a get returns the value, an add the counter's previous value + 1 (each client
+    counts on a key of its own), a set and a wait return nothing."""
+    key, value, counter = f"bench/{tid}", b"x" * 16, f"bench/n/{tid}"
+    last = [store.add(counter, 0)]
+
+    def add() -> bool:
+        n = store.add(counter, 1)
+        ok, last[0] = n == last[0] + 1, n
+        return ok
+
+    call = {"set": lambda: store.set(key, value) is None, "get": lambda: store.get(key) == value,
+            "add": add, "wait": lambda: store.wait([key]) is None}[op]
     now = time.monotonic
+    wrong = 0
     while now() < t0:
-        call()  # warm up until the window opens
+        wrong += not call()  # warm up until the window opens
     done = 0
     while True:
         a = now()
         if a >= t1:
-            return done
-        call()
+            return done, wrong
+        wrong += not call()
         b = now()
         if b <= t1:
             done += 1
@@ -75,10 +87,10 @@ def _worker(impl: str, host: str, port: int, threads: int, first: int) -> None:
     for line in sys.stdin:
         op, t0, t1 = line.split()
         lats: list[list[float]] = [[] for _ in stores]
-        counts = [0] * threads
+        counts = [(0, 0)] * threads
 
         def run(i: int, op: str = op, t0: float = float(t0), t1: float = float(t1),
-                lats: list[list[float]] = lats, counts: list[int] = counts) -> None:
+                lats: list[list[float]] = lats, counts: list[tuple[int, int]] = counts) -> None:
             counts[i] = _run_op(stores[i], op, str(first + i), t0, t1, lats[i])
 
         ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
@@ -87,7 +99,8 @@ def _worker(impl: str, host: str, port: int, threads: int, first: int) -> None:
         for t in ts:
             t.join()
         flat = [round(x, 1) for lat in lats for x in lat]
-        print(json.dumps({"ops": sum(counts), "lat_us": flat}), flush=True)
+        print(json.dumps({"ops": sum(c[0] for c in counts), "wrong": sum(c[1] for c in counts),
+                          "lat_us": flat}), flush=True)
 
 
 def _server(impl: str) -> Any:
@@ -130,16 +143,17 @@ def measure(impl: str, clients: int, procs: int, ops: list[str], seconds: float)
                 assert w.stdin is not None
                 w.stdin.write(f"{op} {t0} {t1}\n")
                 w.stdin.flush()
-            total, lat = 0, []
+            total, wrong, lat = 0, 0, []
             for w in workers:
                 assert w.stdout is not None
                 got = json.loads(w.stdout.readline())
                 total += got["ops"]
+                wrong += got["wrong"]
                 lat += got["lat_us"]
             records.append({"impl": impl, "op": op, "clients": clients, "procs": procs,
                             "threads_per_proc": max(shares), "seconds": seconds, "ops": total,
                             "ops_per_s": total / seconds, "p50_us": _percentile(lat, 0.5),
-                            "p99_us": _percentile(lat, 0.99)})
+                            "p99_us": _percentile(lat, 0.99), "wrong": wrong})
     finally:
         for w in workers:
             if w.stdin is not None:
@@ -239,7 +253,11 @@ def main(argv: list[str] | None = None) -> int:
                                                 "all": records}, indent=1))
     plot(list(best.values()), Path(f"{stem}.png"))
     print(f"wrote {stem}.json and {stem}.png")
-    return 0
+    bad = [f"{r['impl']} {r['op']} at {r['clients']} clients: {r['wrong']} wrong answer(s)"
+           for r in records if r["wrong"]]
+    for line in bad:
+        print("WRONG", line)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
