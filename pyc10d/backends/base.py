@@ -170,8 +170,8 @@ class Engine:
     # -- running operations --------------------------------------------------------------
     def _op_timeout(self, opts: Any) -> float:
         t = getattr(opts, "timeout", UNSET_TIMEOUT)
-        if t is UNSET_TIMEOUT:
-            return self.options._timeout.total_seconds()
+        if t is UNSET_TIMEOUT:  # the common case: no isinstance
+            return self.timeout_s
         if isinstance(t, timedelta) and t.total_seconds() > 0:
             return t.total_seconds()
         return self.timeout_s

@@ -22,7 +22,7 @@ def writeback(dst: torch.Tensor, src: torch.Tensor) -> None:
     if dst is src:
         return
     d = dst.detach()
-    if d.device.type == "cpu" and d.data_ptr() == src.data_ptr() and d.is_contiguous():
+    if d.is_cpu and d.data_ptr() == src.data_ptr() and d.is_contiguous():
         return
     d.copy_(src)
 

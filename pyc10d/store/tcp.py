@@ -34,6 +34,7 @@ BadFrame, MAX_PARTS, max_part_bytes = wire.BadFrame, wire.MAX_PARTS, wire.max_pa
 _read_frame, _STATUSES = wire.read_frame, wire.STATUSES
 _INIT_KEY = b"init/"  # counts joined workers; user keys are "/" + key, as in torch
 _GRACE_S = 30.0  # extra client-side patience beyond a server-enforced timeout
+_RECV = 64 * 1024  # under malloc's mmap threshold: a small answer costs no mmap/munmap
 _TIMEVAL = struct.Struct("@ll")
 
 
@@ -47,9 +48,6 @@ def _kernel_timeout(sock: socket.socket, seconds: float | None) -> None:
     tv = _TIMEVAL.pack(*divmod(micros, 1_000_000))
     for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
         sock.setsockopt(socket.SOL_SOCKET, opt, tv)
-
-
-_RECV = 64 * 1024  # under malloc's mmap threshold: a small answer costs no mmap/munmap
 
 
 class ConnectTimeoutError(DistNetworkError, StoreTimeoutError):

@@ -62,6 +62,11 @@ def _reached(value: int, c: int) -> bool:
     return ((value - c) & _M) < 0x80000000
 
 
+def _descriptor_word(p: int, c: int) -> int:
+    """Index (in 8-byte words) of rank ``p``'s descriptor for phases of ``c``'s parity."""
+    return (HEADER + p * LINE + 72 + (c & 1) * 16) // 8
+
+
 def _align(x: int, a: int = PAGE) -> int:
     return (x + a - 1) // a * a
 
@@ -149,13 +154,13 @@ class Arena:
     def set_descriptor(self, c: int, head: int, nbytes: int) -> None:
         """Publish this rank's descriptor of the operation starting in phase ``c``: two
         64-bit words (what the operation is; its size), compared as integers, no bytes."""
-        i = (HEADER + self.rank * LINE + 72 + (c & 1) * 16) // 8
+        i = _descriptor_word(self.rank, c)
         words = self._meta_words
         words[i] = head
         words[i + 1] = nbytes
 
     def descriptor(self, p: int, c: int) -> tuple[int, int]:
-        i = (HEADER + p * LINE + 72 + (c & 1) * 16) // 8
+        i = _descriptor_word(p, c)
         return self._meta_words[i], self._meta_words[i + 1]
 
     def rows(self, parity: int, dtype: torch.dtype, numel: int) -> list[torch.Tensor]:
