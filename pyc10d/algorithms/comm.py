@@ -59,16 +59,15 @@ def fingerprint(opname: str, red: object = None, root: int | None = None) -> int
     """24 bits: collective (5), reduce op (4, 0 = none), root + 1 (15, 0 = none).
 
     Runs on every collective: the cache key uses the ``id`` of the reduce op's enum member
-    (members, like None, live for ever, so the id is exact) because ``RedOpType`` hashes in
-    Python; any other reduce op is fingerprinted afresh.
+    because ``RedOpType`` hashes in Python. Only enum members and None are cached: they live
+    for ever, so no other object can have a cached id, and a lookup needs no type test.
     """
     op = red.op if red.__class__ is ReduceOp else red
-    if op is not None and op.__class__ is not RedOpType:
-        return _fingerprint(opname, red, root)
-    key = (opname, id(op), root)
-    fp = _FP_CACHE.get(key)
+    fp = _FP_CACHE.get((opname, id(op), root))
     if fp is None:
-        fp = _FP_CACHE[key] = _fingerprint(opname, red, root)
+        fp = _fingerprint(opname, red, root)
+        if op is None or op.__class__ is RedOpType:
+            _FP_CACHE[(opname, id(op), root)] = fp
     return fp
 
 
@@ -84,9 +83,16 @@ def _fingerprint(opname: str, red: object, root: int | None) -> int:
     return code | (red_code << 5) | (root_code << 9)
 
 
+def fingerprint_collective(fp: int) -> str:
+    """The collective a fingerprint names, by its canonical name (``allgather_into_tensor``
+    is ``allgather``)."""
+    code = fp & 0x1F
+    return _COLLECTIVES[code - 1] if 0 < code <= len(_COLLECTIVES) else f"collective {code}"
+
+
 def describe_fingerprint(fp: int) -> str:
-    code, red, root = fp & 0x1F, (fp >> 5) & 0xF, fp >> 9
-    text = _COLLECTIVES[code - 1] if 0 < code <= len(_COLLECTIVES) else f"collective {code}"
+    red, root = (fp >> 5) & 0xF, fp >> 9
+    text = fingerprint_collective(fp)
     if red:
         text += f" {_RED_NAMES[red - 1] if red <= len(_RED_NAMES) else 'custom op'}"
     if root:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..algorithms.comm import Comm, describe_fingerprint, fingerprint
+from ..algorithms.comm import Comm, describe_fingerprint, fingerprint, fingerprint_collective
 from ..errors import DistBackendError, DistError, DistNetworkError, DistTimeoutError
 from ..transport.base import Transport
 from ..types import UNSET_TIMEOUT
@@ -115,11 +115,10 @@ class Engine:
         self._broken: BaseException | None = None
         self._closed = False
         self._scratch: dict = {}
-        # Desync detection: the fingerprint (and name) of each recent operation by sequence
-        # number, checked against every message that arrives before its receive is posted.
-        self._fp_seq = array.array("q", [-1]) * _FP_RING  # by seq % _FP_RING: its seq,
-        self._fp = array.array("q", bytes(8 * _FP_RING))  # its fingerprint
-        self._fp_op: list[str] = [""] * _FP_RING  # and its name
+        # Desync detection: the fingerprint of each recent operation by sequence number,
+        # checked against every message that arrives before its receive is posted. Slot
+        # ``seq % _FP_RING`` holds ``seq << 24 | fingerprint``: one store per call.
+        self._fp_ring = array.array("q", [-1]) * _FP_RING
         self._box = getattr(transport, "mailbox", None)  # abort reasons peers sent (``_abort_reason``)
         self._desync: BaseException | None = None
         # Progress, for the watchdog (backends.watchdog): the operation running now and the
@@ -192,9 +191,8 @@ class Engine:
                 raise DistBackendError(f"{opname}: process group {self.group_name!r} was destroyed")
             self._seq += 1
             seq = self._seq & 0x7FFFFFFF
-            if fp:  # (arrays: no object per call to free, cold, _FP_RING calls later)
-                slot = seq & (_FP_RING - 1)
-                self._fp_seq[slot], self._fp[slot], self._fp_op[slot] = seq, fp, opname
+            if fp:  # (an array: no object per call to free, cold, _FP_RING calls later)
+                self._fp_ring[seq & (_FP_RING - 1)] = seq << 24 | fp
             early = self._early.pop(seq, None) if self._early else None
             # Taking ``_exec`` here, under ``_lock``, keeps a job issued meanwhile by another
             # thread from running first; when only a stale token holds it, queue instead.
@@ -258,14 +256,17 @@ class Engine:
         # than the scan it replaces): ``_submit`` writes the slot, then pops ``_early``; here
         # ``_early`` is written, then the slot read again. Each step is atomic under the GIL,
         # so one side or both see the other; a fingerprint checked twice is harmless.
-        if self._fp_seq[slot] != seq:
+        word = self._fp_ring[slot]
+        if word >> 24 != seq:
             if not 0 < (seq - self._seq) & 0x7FFFFFFF < _FP_RING:  # not ahead of this rank
                 return
             self._early.setdefault(seq, []).append((peer, theirs))
-            if self._fp_seq[slot] != seq:
+            word = self._fp_ring[slot]
+            if word >> 24 != seq:
                 return
             self._early.pop(seq, None)  # issued meantime: check it here
-        self._check_fingerprint(peer, seq, theirs, self._fp[slot], self._fp_op[slot])
+        mine = word & 0xFFFFFF
+        self._check_fingerprint(peer, seq, theirs, mine, fingerprint_collective(mine))
 
     def _check_fingerprint(self, peer: int, seq: int, theirs: int, mine: int, opname: str) -> None:
         if mine == theirs or self._desync is not None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+_Tensor, _monotonic = torch.Tensor, time.monotonic
 FIELDS = ("seq", "op", "numel", "dtype", "issued", "started", "ended", "state")
 
 
@@ -62,12 +63,15 @@ class FlightRecorder:
     def record(self, seq: int, opname: str, outputs: Any, issued: float, started: float, failed: bool) -> None:
         """Operation ``seq`` ended now (size and dtype of its first tensor; text only at dump)."""
         t = outputs[0] if outputs.__class__ is list and outputs else outputs
-        if t.__class__ is not torch.Tensor:
+        if t.__class__ is not _Tensor:
             t = _first_tensor(outputs)
         i = self.next
-        self.ring[i] = (seq, opname, t.numel() if t is not None else 0, t.dtype if t is not None else None,
-                        issued or started, started, time.monotonic(), failed)
-        self.next = i + 1 if i + 1 < self.capacity else 0
+        if t is not None:
+            self.ring[i] = (seq, opname, t.numel(), t.dtype, issued or started, started, _monotonic(), failed)
+        else:
+            self.ring[i] = (seq, opname, 0, None, issued or started, started, _monotonic(), failed)
+        i += 1
+        self.next = i if i < self.capacity else 0
 
     def entries(self, live: list[tuple] = ()) -> list[dict[str, Any]]:  # type: ignore[assignment]
         """The recorded operations, oldest first, then ``live`` ones (tuples of the same
