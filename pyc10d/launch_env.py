@@ -24,7 +24,13 @@ Where the store lives: ``MASTER_ADDR`` / ``MASTER_PORT`` when set (``mpirun -x M
   a free port of 127.0.0.1 and writes the port to a file in ``$TMPDIR`` (``/tmp``) named
   after the launcher's job id, so ``mpirun -np 4 python script.py`` needs no variables and
   two jobs never share a port; the other ranks read the file;
-* MPI across hosts inside a Slurm allocation: the Slurm node list and port, as above.
+* MPI across hosts inside a Slurm allocation: the Slurm node list and port, as above;
+* torch's own ``torchrun`` (``TORCHELASTIC_USE_AGENT_STORE=True``): its agent already serves
+  a store on ``MASTER_PORT``, but torch's, whose protocol pyc10d's client does not speak.
+  With every rank on this host (``LOCAL_WORLD_SIZE == WORLD_SIZE``) rank 0 serves pyc10d's
+  store through a port file, as for MPI, named after torchrun's run id and restart count
+  (a restarted attempt never reads the port of a dead one); across hosts ``detect`` raises,
+  naming the two ways that work (``python -m pyc10d.run``, the torch backend plugin).
 
 :func:`detect` is a pure function of an environment mapping so that every launcher's case
 can be tested without that launcher.
@@ -234,11 +240,33 @@ def detect(env: Mapping[str, str], rank: int = -1, world_size: int = -1,
 def _torchrun(env: Mapping[str, str], rank: int, world_size: int, source: str) -> LaunchEnv:
     r = rank if rank >= 0 else _int(env, "RANK", "torchrun")
     n = world_size if world_size > 0 else _int(env, "WORLD_SIZE", "torchrun")
+    local = _first_int(env, ("LOCAL_RANK",), "torchrun")
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return _agent_store(env, r, n, local)
     if not env.get("MASTER_ADDR"):
         raise ValueError(_TORCH_ERR + "environment variable MASTER_ADDR expected, but not set")
     port = _int(env, "MASTER_PORT", "torchrun")
-    return LaunchEnv(source, r, n, _first_int(env, ("LOCAL_RANK",), "torchrun"),
-                     env["MASTER_ADDR"], port)
+    return LaunchEnv(source, r, n, local, env["MASTER_ADDR"], port)
+
+
+def _agent_store(env: Mapping[str, str], r: int, n: int, local: int | None) -> LaunchEnv:
+    """torch's torchrun: its agent holds ``MASTER_PORT`` with a store pyc10d cannot talk to."""
+    local_size = _first_int(env, ("LOCAL_WORLD_SIZE",), "torchrun")
+    run_id = env.get("TORCHELASTIC_RUN_ID", "").strip()
+    if local_size != n or not run_id:
+        raise ValueError(
+            f"pyc10d env:// rendezvous under torch's torchrun (RANK={r}, WORLD_SIZE={n}, "
+            f"LOCAL_WORLD_SIZE={local_size}): the ranks span several hosts, and the store "
+            f"torchrun's agent serves on MASTER_PORT speaks torch's protocol, which pyc10d's "
+            f"store client does not. Start the job with `python -m pyc10d.run` (torchrun's "
+            f"flags), or keep `import torch.distributed as dist` and use pyc10d's engine "
+            f"through the plugin (`import pyc10d.torch_backend`, backend \"pyc10d\")"
+        )
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0").strip() or "0"
+    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"torchrun-{run_id}-{attempt}").strip("_")[-80:]
+    tmp = env.get("TMPDIR") or "/tmp"
+    path = f"{tmp.rstrip('/')}/pyc10d-{env.get('USER', 'user')}-{key}.port"
+    return LaunchEnv("torchrun", r, n, local, "127.0.0.1", None, path)
 
 
 def local_rank(env: Mapping[str, str]) -> int | None:
