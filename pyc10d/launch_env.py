@@ -26,11 +26,8 @@ Where the store lives: ``MASTER_ADDR`` / ``MASTER_PORT`` when set (``mpirun -x M
   two jobs never share a port; the other ranks read the file;
 * MPI across hosts inside a Slurm allocation: the Slurm node list and port, as above;
 * torch's own ``torchrun`` (``TORCHELASTIC_USE_AGENT_STORE=True``): its agent already serves
-  a store on ``MASTER_PORT``, but torch's, whose protocol pyc10d's client does not speak.
-  With every rank on this host (``LOCAL_WORLD_SIZE == WORLD_SIZE``) rank 0 serves pyc10d's
-  store through a port file, as for MPI, named after torchrun's run id and restart count
-  (a restarted attempt never reads the port of a dead one); across hosts ``detect`` raises,
-  naming the two ways that work (``python -m pyc10d.run``, the torch backend plugin).
+  torch's store on ``MASTER_ADDR:MASTER_PORT``; every rank joins it as a client, as torch's
+  ranks do (``store.torch_tcp`` speaks torch's protocol), on one host or many.
 
 :func:`detect` is a pure function of an environment mapping so that every launcher's case
 can be tested without that launcher.
@@ -67,7 +64,8 @@ class LaunchEnv:
 
     Exactly one of ``master_port`` and ``port_file`` is set: a store at
     ``master_addr:master_port``, or (single-host MPI jobs) a store on 127.0.0.1 whose port
-    rank 0 writes to ``port_file``.
+    rank 0 writes to ``port_file``. ``torch_store``: the store at ``master_addr:master_port``
+    is torch's, served by torch's torchrun agent; every rank joins it as a client.
     """
 
     source: str  # "torchrun", "Open MPI", "MPICH", "Slurm", or "env" (explicit arguments)
@@ -77,6 +75,7 @@ class LaunchEnv:
     master_addr: str
     master_port: int | None
     port_file: str | None = None
+    torch_store: bool = False
 
 
 def _int(env: Mapping[str, str], name: str, launcher: str) -> int:
@@ -250,23 +249,11 @@ def _torchrun(env: Mapping[str, str], rank: int, world_size: int, source: str) -
 
 
 def _agent_store(env: Mapping[str, str], r: int, n: int, local: int | None) -> LaunchEnv:
-    """torch's torchrun: its agent holds ``MASTER_PORT`` with a store pyc10d cannot talk to."""
-    local_size = _first_int(env, ("LOCAL_WORLD_SIZE",), "torchrun")
-    run_id = env.get("TORCHELASTIC_RUN_ID", "").strip()
-    if local_size != n or not run_id:
-        raise ValueError(
-            f"pyc10d env:// rendezvous under torch's torchrun (RANK={r}, WORLD_SIZE={n}, "
-            f"LOCAL_WORLD_SIZE={local_size}): the ranks span several hosts, and the store "
-            f"torchrun's agent serves on MASTER_PORT speaks torch's protocol, which pyc10d's "
-            f"store client does not. Start the job with `python -m pyc10d.run` (torchrun's "
-            f"flags), or keep `import torch.distributed as dist` and use pyc10d's engine "
-            f"through the plugin (`import pyc10d.torch_backend`, backend \"pyc10d\")"
-        )
-    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0").strip() or "0"
-    key = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"torchrun-{run_id}-{attempt}").strip("_")[-80:]
-    tmp = env.get("TMPDIR") or "/tmp"
-    path = f"{tmp.rstrip('/')}/pyc10d-{env.get('USER', 'user')}-{key}.port"
-    return LaunchEnv("torchrun", r, n, local, "127.0.0.1", None, path)
+    """torch's torchrun: its agent serves torch's store on ``MASTER_ADDR:MASTER_PORT``."""
+    if not env.get("MASTER_ADDR"):
+        raise ValueError(_TORCH_ERR + "environment variable MASTER_ADDR expected, but not set")
+    return LaunchEnv("torchrun", r, n, local, env["MASTER_ADDR"], _int(env, "MASTER_PORT", "torchrun"),
+                     torch_store=True)
 
 
 def local_rank(env: Mapping[str, str]) -> int | None:

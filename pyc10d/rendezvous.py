@@ -2,7 +2,8 @@
 
 - ``env://``: rank, world size and the store's address from the environment: torchrun's
   RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, or those of Open MPI, MPICH or Slurm
-  (:mod:`pyc10d.launch_env` reads them).
+  (:mod:`pyc10d.launch_env` reads them). Under torch's torchrun the store is its agent's,
+  torch's, joined with ``TorchTCPStore``.
 - ``tcp://host:port``: a TCPStore; rank 0 hosts it.
 - ``file:///path``: a FileStore on a shared file.
 Query parameters (``?rank=1&world_size=2``) override, as in torch.
@@ -18,6 +19,7 @@ from urllib.parse import parse_qs, urlparse
 from .errors import DistTimeoutError
 from .launch_env import LaunchEnv, detect
 from .store import FileStore, Store, TCPStore
+from .store.torch_tcp import TorchTCPStore
 
 _JOINED, _ALL_JOINED = "pyc10d/launch/joined", "pyc10d/launch/all_joined"
 
@@ -82,6 +84,9 @@ def rendezvous(init_method: str, rank: int, world_size: int, timeout: timedelta)
         if info.port_file is not None:
             return _port_file_store(info, timeout), info.rank, info.world_size
         assert info.master_port is not None
+        if info.torch_store:  # torch's torchrun: its agent serves torch's store
+            return (TorchTCPStore(info.master_addr, info.master_port, info.world_size, timeout),
+                    info.rank, info.world_size)
         store = TCPStore(info.master_addr, info.master_port, info.world_size,
                          is_master=info.rank == 0, timeout=timeout, wait_for_workers=True)
         return store, info.rank, info.world_size

@@ -78,23 +78,14 @@ def test_torchrun_env() -> None:
     assert (explicit.source, explicit.rank, explicit.world_size) == ("env", 0, 1)
 
 
-AGENT = {**TORCHRUN, "WORLD_SIZE": "2", "LOCAL_RANK": "1", "RANK": "1", "LOCAL_WORLD_SIZE": "2",
-         "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "abc/12",
-         "TORCHELASTIC_RESTART_COUNT": "3", "TMPDIR": "/scratch/", "USER": "u"}
+AGENT = {**TORCHRUN, "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": "abc"}
 
 
 @pytest.mark.timeout(10)
-def test_torch_torchrun_agent_store_on_one_host() -> None:
-    # torch's torchrun serves torch's store on MASTER_PORT: pyc10d keeps off it and finds
-    # rank 0's store through a file named after the run and the attempt
-    assert detect(AGENT) == LaunchEnv("torchrun", 1, 2, 1, "127.0.0.1", None,
-                                      "/scratch/pyc10d-u-torchrun-abc_12-3.port")
-
-
-@pytest.mark.timeout(10)
-def test_torch_torchrun_agent_store_across_hosts_says_what_works() -> None:
-    with pytest.raises(ValueError, match=r"several hosts.*torch's protocol.*python -m pyc10d.run"):
-        detect({**AGENT, "WORLD_SIZE": "4"})
+def test_torch_torchrun_agent_store() -> None:
+    # torch's torchrun serves torch's store on MASTER_PORT: every rank joins it as a client
+    assert detect(AGENT) == LaunchEnv("torchrun", 2, 4, 0, "10.1.2.3", 29500, torch_store=True)
+    assert not detect(TORCHRUN).torch_store  # pyc10d.run, or variables set by hand
 
 
 @pytest.mark.timeout(10)
@@ -372,18 +363,29 @@ def test_torchrun_ranks_with_interface_choice(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(50)
 def test_torch_torchrun(tmp_path: Path) -> None:
-    """torch's own launcher, unchanged: its agent holds MASTER_PORT with torch's store."""
+    """torch's own launcher, unchanged: its agent serves torch's store on MASTER_PORT, which
+    the ranks join as clients (two agents as two nodes, as for pyc10d.run below)."""
     script, out = _script(tmp_path)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           str(script), str(out), "tcp"]
-    p = subprocess.run(cmd, env=_clean_env(TMPDIR=str(tmp_path)), capture_output=True,
-                       text=True, timeout=45)
-    assert p.returncode == 0, p.stderr[-3000:]
-    results = _results(out, 2)
-    _check_world(results, 2)
-    assert [info["local_rank"] for info in results] == [0, 1]
-    assert {info["store_host"] for info in results} == {"127.0.0.1"}
-    assert list(tmp_path.glob("*.port*")) == []  # rank 0 removed its port file
+    port = _free_port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
+         "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
+         str(script), str(out), "tcp"],
+        env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node in range(2)]
+    try:
+        for node, p in enumerate(procs):
+            _, err = p.communicate(timeout=40)
+            assert p.returncode == 0, f"node {node} exited {p.returncode}:\n{err[-3000:]}"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    results = _results(out, 4)
+    _check_world(results, 4)
+    assert [info["local_rank"] for info in results] == [0, 1, 0, 1]
+    assert {(info["store_host"], info["store_port"]) for info in results} == {("127.0.0.1", port)}
 
 
 @pytest.mark.timeout(50)

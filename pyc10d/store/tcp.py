@@ -54,6 +54,30 @@ class ConnectTimeoutError(DistNetworkError, StoreTimeoutError):
     """No server answered at host:port within the store timeout."""
 
 
+def dial(host: str, port: int, secs: float | None) -> socket.socket:
+    """A TCP connection to host:port (TCP_NODELAY), retried with backoff for ``secs`` (None:
+    for ever): the server may start after its clients. The socket is left blocking."""
+    deadline = None if secs is None else time.monotonic() + secs
+    delay, last = 0.01, None
+    while True:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            raise ConnectTimeoutError(
+                f"The client socket has timed out after {int((secs or 0) * 1000)}ms while "
+                f"trying to connect to ({host}, {port}): {last}"
+            ) from last
+        try:
+            sock = socket.create_connection((host, port), timeout=left)
+            break
+        except OSError as e:  # refused (server not up yet), DNS failure, ...
+            last = e
+        time.sleep(delay if left is None else max(0.0, min(delay, left)))
+        delay = min(delay * 2, 1.0)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.settimeout(None)
+    return sock
+
+
 def _finalize(server: Server | None, sock: socket.socket) -> None:
     """GC finalizer of a TCPStore: close its connection, hand its server to the reaper."""
     sock.close()
@@ -100,24 +124,9 @@ class TCPStore(Store):
         weakref.finalize(self, _finalize, self._server, self._sock)
 
     def _connect(self, secs: float | None) -> socket.socket:
-        """Connect, retrying with backoff until the timeout: the server may start later."""
+        """Dial the server (``dial``), then pass the auth handshake if a token is set."""
         deadline = None if secs is None else time.monotonic() + secs
-        delay, last = 0.01, None
-        while True:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise ConnectTimeoutError(
-                    f"The client socket has timed out after {int((secs or 0) * 1000)}ms while "
-                    f"trying to connect to ({self._host}, {self._port}): {last}"
-                ) from last
-            try:
-                sock = socket.create_connection((self._host, self._port), timeout=left)
-                break
-            except OSError as e:  # refused (server not up yet), DNS failure, ...
-                last = e
-            time.sleep(delay if left is None else max(0.0, min(delay, left)))
-            delay = min(delay * 2, 1.0)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = dial(self._host, self._port, secs)
         secret = auth.token()
         if secret is not None:
             left = None if deadline is None else deadline - time.monotonic()

@@ -1,0 +1,69 @@
+"""``TorchTCPStore``: pyc10d's client of torch's own TCPStore server (torchrun's agent store)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as td
+
+from pyc10d.errors import DistStoreError
+from pyc10d.store import TCPStore
+from pyc10d.store.base import StoreTimeoutError
+from pyc10d.store.torch_tcp import TorchTCPStore
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def server() -> td.TCPStore:
+    return td.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                       timeout=timedelta(seconds=10))
+
+
+def test_every_op_agrees_with_torchs_client(server: td.TCPStore) -> None:
+    s = TorchTCPStore("127.0.0.1", server.port, timeout=timedelta(seconds=5))
+    s.set("a", "1")
+    assert server.get("a") == b"1" and s.get("a") == b"1"
+    server.set("b", b"\x00\xff")
+    assert s.get("b") == b"\x00\xff"
+    assert s.add("n", 5) == 5 and server.add("n", 2) == 7 and s.add("n", 0) == 7
+    assert s.compare_set("a", "1", "2") == b"2" and server.get("a") == b"2"
+    assert s.compare_set("a", "9", "3") == b"2"  # no match: the current value
+    assert s.check(["a", "b"]) and not s.check(["a", "nope"])
+    s.multi_set(["m1", "m2"], [b"x", "y"])
+    assert s.multi_get(["m1", "m2"]) == [b"x", b"y"] == server.multi_get(["m1", "m2"])
+    s.append("m1", b"z")
+    assert server.get("m1") == b"xz"
+    assert s.num_keys() == server.num_keys()
+    assert s.delete_key("m2") and not s.delete_key("m2")
+    assert not server.check(["m2"])
+    s.wait(["a", "b"])
+    assert (s.host, s.port) == ("127.0.0.1", server.port)
+
+
+def test_wait_blocks_until_another_client_sets(server: td.TCPStore) -> None:
+    s = TorchTCPStore("127.0.0.1", server.port, timeout=timedelta(seconds=5))
+    threading.Timer(0.2, lambda: server.set("late", b"v")).start()
+    t = time.monotonic()
+    assert s.get("late") == b"v"
+    assert time.monotonic() - t >= 0.15
+
+
+def test_a_wait_that_times_out_leaves_the_connection_usable(server: td.TCPStore) -> None:
+    s = TorchTCPStore("127.0.0.1", server.port, timeout=timedelta(seconds=5))
+    with pytest.raises(StoreTimeoutError, match="/missing"):
+        s.wait(["missing"], timedelta(milliseconds=200))
+    with pytest.raises(StoreTimeoutError):
+        s.clone().wait(["missing"], timedelta(milliseconds=100))
+    s.set("k", b"v")  # the cancelled wait's answers were all read: the stream is in step
+    assert s.get("k") == b"v" and s.add("c", 1) == 1
+
+
+def test_refuses_a_server_that_is_not_torchs() -> None:
+    ours = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                    timeout=timedelta(seconds=5))
+    with pytest.raises(DistStoreError):
+        TorchTCPStore("127.0.0.1", ours.port, timeout=timedelta(seconds=2))
