@@ -67,3 +67,25 @@ def test_refuses_a_server_that_is_not_torchs() -> None:
                     timeout=timedelta(seconds=5))
     with pytest.raises(DistStoreError):
         TorchTCPStore("127.0.0.1", ours.port, timeout=timedelta(seconds=2))
+
+
+def test_get_of_a_missing_key_times_out_naming_it(server: td.TCPStore) -> None:
+    s = TorchTCPStore("127.0.0.1", server.port, timeout=timedelta(milliseconds=300))
+    t = time.monotonic()
+    with pytest.raises(StoreTimeoutError, match="wait timeout after 300ms, keys: /absent"):
+        s.get("absent")
+    assert time.monotonic() - t < 5
+
+
+def test_a_server_that_goes_away_is_an_error_not_a_hang() -> None:
+    server = td.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=10))
+    s = TorchTCPStore("127.0.0.1", server.port, timeout=timedelta(seconds=5))
+    assert s.add("x", 1) == 1
+    del server  # torch stops its server with its last reference
+    with pytest.raises(DistStoreError, match="lost its connection"):
+        for _ in range(50):  # the first sends may still fit in the socket buffer
+            s.add("x", 1)
+            time.sleep(0.02)
+    with pytest.raises(DistStoreError, match="lost its connection"):
+        s.get("x")  # and every later call says so
