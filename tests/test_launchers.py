@@ -299,19 +299,30 @@ def _script(tmp_path: Path) -> tuple[Path, Path]:
 
 def _run_ranks(envs: list[dict[str, str]], script: Path, out: Path, backend: str,
                timeout: float = 40) -> list[dict]:
-    procs = [subprocess.Popen([sys.executable, str(script), str(out), backend], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for env in envs]
+    """One process per environment, each a rank running ``script``; their results."""
+    cmd = [sys.executable, str(script), str(out), backend]
+    return _run_all([(cmd, env) for env in envs], out, len(envs), timeout)
+
+
+def _two_nodes(cmds: list[list[str]], out: Path) -> list[dict]:
+    """One launcher command per node (2 ranks each), run at once; the ranks' results."""
+    return _run_all([(cmd, _clean_env()) for cmd in cmds], out, 2 * len(cmds), 40)
+
+
+def _run_all(runs: list[tuple[list[str], dict[str, str]]], out: Path, n: int,
+             timeout: float) -> list[dict]:
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for cmd, env in runs]
     try:
         for i, p in enumerate(procs):
             _, err = p.communicate(timeout=timeout)
-            assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{err}"
+            assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{err[-3000:]}"
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return _results(out, len(envs))
+    return _results(out, n)
 
 
 def _results(out: Path, n: int) -> list[dict]:
@@ -367,22 +378,10 @@ def test_torch_torchrun(tmp_path: Path) -> None:
     the ranks join as clients (two agents as two nodes, as for pyc10d.run below)."""
     script, out = _script(tmp_path)
     port = _free_port()
-    procs = [subprocess.Popen(
+    results = _two_nodes([
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
          "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(port),
-         str(script), str(out), "tcp"],
-        env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for node in range(2)]
-    try:
-        for node, p in enumerate(procs):
-            _, err = p.communicate(timeout=40)
-            assert p.returncode == 0, f"node {node} exited {p.returncode}:\n{err[-3000:]}"
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    results = _results(out, 4)
+         str(script), str(out), "tcp"] for node in range(2)], out)
     _check_world(results, 4)
     assert [info["local_rank"] for info in results] == [0, 1, 0, 1]
     assert {(info["store_host"], info["store_port"]) for info in results} == {("127.0.0.1", port)}
@@ -419,21 +418,9 @@ def test_two_launchers_as_two_nodes(tmp_path: Path) -> None:
     script, out = _script(tmp_path)
     port = _free_port()
     spellings = [["--rdzv-endpoint", f"127.0.0.1:{port}"], [f"--rdzv_endpoint=127.0.0.1:{port}"]]
-    procs = [subprocess.Popen(
+    results = _two_nodes([
         [sys.executable, "-m", "pyc10d.run", "--nnodes", "2", "--node-rank", str(node),
-         "--nproc-per-node", "2", *spellings[node], str(script), str(out), "tcp"],
-        env=_clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for node in range(2)]
-    try:
-        for node, p in enumerate(procs):
-            _, err = p.communicate(timeout=40)
-            assert p.returncode == 0, f"node {node} exited {p.returncode}:\n{err}"
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    results = _results(out, 4)
+         "--nproc-per-node", "2", *spellings[node], str(script), str(out), "tcp"] for node in range(2)], out)
     _check_world(results, 4)
     assert [info["local_rank"] for info in results] == [0, 1, 0, 1]
     assert {info["store_port"] for info in results} == {port}
