@@ -239,21 +239,13 @@ def detect(env: Mapping[str, str], rank: int = -1, world_size: int = -1,
 def _torchrun(env: Mapping[str, str], rank: int, world_size: int, source: str) -> LaunchEnv:
     r = rank if rank >= 0 else _int(env, "RANK", "torchrun")
     n = world_size if world_size > 0 else _int(env, "WORLD_SIZE", "torchrun")
-    local = _first_int(env, ("LOCAL_RANK",), "torchrun")
-    if env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        return _agent_store(env, r, n, local)
     if not env.get("MASTER_ADDR"):
         raise ValueError(_TORCH_ERR + "environment variable MASTER_ADDR expected, but not set")
     port = _int(env, "MASTER_PORT", "torchrun")
-    return LaunchEnv(source, r, n, local, env["MASTER_ADDR"], port)
-
-
-def _agent_store(env: Mapping[str, str], r: int, n: int, local: int | None) -> LaunchEnv:
-    """torch's torchrun: its agent serves torch's store on ``MASTER_ADDR:MASTER_PORT``."""
-    if not env.get("MASTER_ADDR"):
-        raise ValueError(_TORCH_ERR + "environment variable MASTER_ADDR expected, but not set")
-    return LaunchEnv("torchrun", r, n, local, env["MASTER_ADDR"], _int(env, "MASTER_PORT", "torchrun"),
-                     torch_store=True)
+    # torch's torchrun: its agent already serves torch's store at MASTER_ADDR:MASTER_PORT
+    agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return LaunchEnv(source, r, n, _first_int(env, ("LOCAL_RANK",), "torchrun"),
+                     env["MASTER_ADDR"], port, torch_store=agent)
 
 
 def local_rank(env: Mapping[str, str]) -> int | None:
