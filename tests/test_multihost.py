@@ -142,3 +142,32 @@ def test_benchmark_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert all(row["seconds"] > 0 and row["checked"] for rows in record["best"].values() for row in rows)
     assert record["shaping"]["delay_ms"] == 1.0 or "sch_netem" in record["shaping"]["note"]
     assert "auto chose hier" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(55)
+@pytest.mark.parametrize("api", ["pyc10d", "plugin"])
+def test_torchs_torchrun_across_hosts(hosts: Hosts, tmp_path: Path, api: str) -> None:
+    """torch's own launcher on two hosts of two ranks: its agent on h0 serves torch's store,
+    which pyc10d's ranks join (``api="pyc10d"``), or an unchanged torch program runs on
+    pyc10d's engine through the plugin (``api="plugin"``)."""
+    script = str(Path(__file__).with_name("_torchrun_rank.py"))
+    procs = []
+    for h in hosts.hosts:
+        log = open(tmp_path / f"{h.name}.log", "w")  # noqa: SIM115 - closed with the process
+        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
+                str(h.index), "--nproc-per-node", "2", "--master-addr", hosts[0].addr,
+                "--master-port", str(PORT), script, str(tmp_path), api]
+        procs.append(h.spawn(argv, stdout=log, stderr=subprocess.STDOUT))
+    for p in procs:
+        try:
+            assert p.wait(timeout=45) == 0, _logs(tmp_path)
+        except subprocess.TimeoutExpired:
+            for h in hosts.hosts:
+                h.kill()
+            pytest.fail(f"torchrun still running after 45s\n{_logs(tmp_path)}")
+    reports = _reports(tmp_path, [0, 1, 2, 3])
+    assert sorted(reports) == [0, 1, 2, 3], _logs(tmp_path)
+    for r, rep in reports.items():
+        assert (rep["world"], rep["sum"], rep["bcast"]) == (4, [10.0] * 4, [3.0] * 3), rep
+        assert rep["host"] == f"h{r // 2}" and rep["local_rank"] == r % 2, rep
+        assert rep["backend"] == ("hier" if api == "pyc10d" else "pyc10d"), rep

@@ -317,6 +317,15 @@ def test_store_adapter_speaks_pyc10d() -> None:
         store.wait(["c", "missing"], timedelta(milliseconds=50))
 
 
+def test_store_adapter_names_the_tcpstore_host() -> None:
+    """Through torch's prefixes to its TCPStore: the host pyc10d's tcp transport routes
+    towards to pick the address it advertises (None would mean "local": loopback)."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    nested = dist.PrefixStore("outer", dist.PrefixStore("inner", server))
+    assert tb.TorchStoreAdapter(nested, timedelta(seconds=5)).host == "127.0.0.1"
+    assert tb.TorchStoreAdapter(dist.HashStore(), timedelta(seconds=5)).host is None
+
+
 # -- errors keep pyc10d's wording --------------------------------------------------------------
 def _desync(rank: int, ws: int, functional: bool) -> str:
     try:

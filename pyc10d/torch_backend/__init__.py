@@ -44,6 +44,19 @@ class TorchStoreAdapter(Store):
         super().__init__(timeout)
         self.torch_store = store
 
+    @property
+    def host(self) -> str | None:
+        """The host of the ``TCPStore`` under torch's prefix stores, None for other stores.
+        pyc10d's tcp transport advertises the address on the route towards it: without it, a
+        rank would take the store for a local one and advertise loopback to other hosts."""
+        s = self.torch_store
+        while s is not None:
+            host = getattr(s, "host", None)
+            if host:
+                return str(host)
+            s = getattr(s, "underlying_store", None)
+        return None
+
     def set(self, key: str, value: str | bytes) -> None:
         self.torch_store.set(key, value)
 
