@@ -225,6 +225,26 @@ def test_advertised_address_precedence() -> None:
 
 
 @pytest.mark.timeout(10)
+def test_a_shared_file_store_advertises_this_hosts_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    # file:// ranks may sit on any host that shares the file: never loopback when the host
+    # has another address (its name's, as Gloo takes it, else its first other interface's)
+    from pyc10d.transport import netif
+
+    monkeypatch.setattr(netif.socket, "gethostname", lambda: "nodeA")
+    monkeypatch.setattr(netif, "interface_addresses",
+                        lambda: {"lo": "127.0.0.1", "eth0": "10.2.2.2", "ib0": "10.1.1.1"})
+    monkeypatch.setattr(netif.socket, "gethostbyname", lambda name: "10.1.1.1")
+    assert advertised_address({}, None, 0, shared_file=True) == "10.1.1.1"
+    monkeypatch.setattr(netif.socket, "gethostbyname", lambda name: "127.0.1.1")  # Debian
+    assert advertised_address({}, None, 0, shared_file=True) == "10.2.2.2"
+    monkeypatch.setattr(netif.socket, "gethostbyname", lambda name: "10.9.9.9")  # not ours
+    assert advertised_address({}, None, 0, shared_file=True) == "10.2.2.2"
+    monkeypatch.setattr(netif, "interface_addresses", lambda: {"lo": "127.0.0.1"})
+    assert advertised_address({}, None, 0, shared_file=True) == "127.0.0.1"
+    assert advertised_address({"GLOO_SOCKET_IFNAME": "=lo"}, None, 0, shared_file=True) == "127.0.0.1"
+
+
+@pytest.mark.timeout(10)
 @pytest.mark.parametrize("env, how", [
     ({"PYC10D_SOCKET_IFNAME": "lo"}, "interface lo, from PYC10D_SOCKET_IFNAME=lo"),
     ({"GLOO_SOCKET_IFNAME": "=lo"}, "interface lo, from GLOO_SOCKET_IFNAME==lo"),

@@ -171,3 +171,27 @@ def test_torchs_torchrun_across_hosts(hosts: Hosts, tmp_path: Path, api: str) ->
         assert (rep["world"], rep["sum"], rep["bcast"]) == (4, [10.0] * 4, [3.0] * 3), rep
         assert rep["host"] == f"h{r // 2}" and rep["local_rank"] == r % 2, rep
         assert rep["backend"] == ("hier" if api == "pyc10d" else "pyc10d"), rep
+
+
+@pytest.mark.timeout(45)
+def test_file_rendezvous_across_hosts(hosts: Hosts, tmp_path: Path) -> None:
+    """``file://`` on a file both hosts share: ranks advertise their host's address, not
+    loopback (with no interface variable set)."""
+    script = str(Path(__file__).with_name("_file_rank.py"))
+    for r in range(4):
+        h = hosts[r // 2]
+        log = open(tmp_path / f"{h.name}-rank{r}.log", "w")  # noqa: SIM115 - closed with the process
+        h.spawn([sys.executable, script, str(tmp_path), str(tmp_path / "store"), str(r), "4"],
+                stdout=log, stderr=subprocess.STDOUT)
+    for h in hosts.hosts:
+        for p in h.procs:
+            try:
+                assert p.wait(timeout=35) == 0, _logs(tmp_path)
+            except subprocess.TimeoutExpired:
+                for hh in hosts.hosts:
+                    hh.kill()
+                pytest.fail(f"ranks still running after 35s\n{_logs(tmp_path)}")
+    reports = _reports(tmp_path, [0, 1, 2, 3])
+    assert sorted(reports) == [0, 1, 2, 3], _logs(tmp_path)
+    for r, rep in reports.items():
+        assert (rep["world"], rep["sum"], rep["bcast"], rep["host"]) == (4, [10.0] * 4, [3.0] * 3, f"h{r // 2}")

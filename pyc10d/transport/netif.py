@@ -11,6 +11,10 @@ In order:
 3. Otherwise the source address of a route towards the store's host (a UDP "connect" sends
    nothing). When that is a loopback address although the store's host is not written as
    one (Debian maps the host's own name to 127.0.1.1), the first non-loopback interface's.
+4. A store with no host but a file (``file://``, a ``FileStore``: ranks may be on any host
+   that shares the file): what this host's name resolves to, as Gloo does, when one of its
+   interfaces has that address, else the first non-loopback interface's. Other host-less stores (``HashStore``: one process)
+   advertise 127.0.0.1.
 
 A multi-host job (the store's host does not resolve to loopback here) that would advertise
 a loopback address fails at once with an error naming the rank, the address and the store's
@@ -123,14 +127,32 @@ def _route_source(store_host: str) -> str | None:
         return None
 
 
-def advertised_address(env: Mapping[str, str], store_host: str | None, rank: int) -> str:
-    """The address rank ``rank`` publishes for its listener (see the module docstring)."""
+def _own_address() -> str:
+    """This host's address for peers that share only a file with it: its name's address if
+    one of its interfaces has it (not loopback), else the first non-loopback interface's,
+    else 127.0.0.1."""
+    others = [a for a in interface_addresses().values() if not is_loopback(a)]
+    try:
+        addr = socket.gethostbyname(socket.gethostname())
+        if addr in others:
+            return addr
+    except OSError:
+        pass
+    return others[0] if others else "127.0.0.1"
+
+
+def advertised_address(env: Mapping[str, str], store_host: str | None, rank: int,
+                       shared_file: bool = False) -> str:
+    """The address rank ``rank`` publishes for its listener (see the module docstring).
+    ``shared_file``: the store has no host, only a file other hosts may share."""
     local_store = store_host is None or store_host in _LOOPBACK_NAMES or is_loopback(store_host)
     if env.get("PYC10D_SOCKET_ADDR"):
         addr, how = env["PYC10D_SOCKET_ADDR"], "from PYC10D_SOCKET_ADDR"
     elif var := next((v for v in _IFNAME_VARS if env.get(v, "").strip()), None):
         name, addr = choose_interface(env[var], interface_addresses())
         how = f"interface {name}, from {var}={env[var]}"
+    elif shared_file and store_host is None:
+        return _own_address()
     elif local_store:
         return "127.0.0.1"
     else:

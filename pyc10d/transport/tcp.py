@@ -26,6 +26,7 @@ from datetime import timedelta
 from .. import auth
 from ..errors import DistNetworkError, DistTimeoutError
 from ..store.base import Store
+from ..store.file import FileStore
 from .base import Mailbox, RecvHandle
 from .framed import FramedTransport
 from .netif import advertised_address
@@ -47,13 +48,14 @@ _CHUNK_ABOVE = 1 << 20
 
 
 def _advertised_host(store: Store, rank: int) -> str:
-    """The address peers dial for this rank: ``netif`` decides, given the store's host."""
-    store_host = getattr(store, "host", None)
-    base = getattr(store, "underlying_store", None)
-    while store_host is None and base is not None:
-        store_host = getattr(base, "host", None)
-        base = getattr(base, "underlying_store", None)
-    return advertised_address(os.environ, store_host or None, rank)
+    """The address peers dial for this rank: ``netif`` decides, given the store's host (or,
+    for a file store, that other hosts may share it)."""
+    store_host, shared_file, s = None, False, store
+    while s is not None and store_host is None:
+        store_host = getattr(s, "host", None)
+        shared_file = shared_file or isinstance(s, FileStore)
+        s = getattr(s, "underlying_store", None)
+    return advertised_address(os.environ, store_host or None, rank, shared_file)
 
 
 # Socket buffer size on an oversubscribed host (more ranks on it than CPUs); the kernel
