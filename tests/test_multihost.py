@@ -174,14 +174,15 @@ def test_torchs_torchrun_across_hosts(hosts: Hosts, tmp_path: Path, api: str) ->
 
 
 @pytest.mark.timeout(45)
-def test_file_rendezvous_across_hosts(hosts: Hosts, tmp_path: Path) -> None:
+@pytest.mark.parametrize("api", ["pyc10d", "plugin"])
+def test_file_rendezvous_across_hosts(hosts: Hosts, tmp_path: Path, api: str) -> None:
     """``file://`` on a file both hosts share: ranks advertise their host's address, not
-    loopback (with no interface variable set)."""
+    loopback (with no interface variable set); pyc10d's API and torch's on the plugin."""
     script = str(Path(__file__).with_name("_file_rank.py"))
     for r in range(4):
         h = hosts[r // 2]
         log = open(tmp_path / f"{h.name}-rank{r}.log", "w")  # noqa: SIM115 - closed with the process
-        h.spawn([sys.executable, script, str(tmp_path), str(tmp_path / "store"), str(r), "4"],
+        h.spawn([sys.executable, script, str(tmp_path), str(tmp_path / "store"), str(r), "4", api],
                 stdout=log, stderr=subprocess.STDOUT)
     for h in hosts.hosts:
         for p in h.procs:

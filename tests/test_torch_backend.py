@@ -11,6 +11,7 @@ import copy
 import socket
 import time
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -324,6 +325,13 @@ def test_store_adapter_names_the_tcpstore_host() -> None:
     nested = dist.PrefixStore("outer", dist.PrefixStore("inner", server))
     assert tb.TorchStoreAdapter(nested, timedelta(seconds=5)).host == "127.0.0.1"
     assert tb.TorchStoreAdapter(dist.HashStore(), timedelta(seconds=5)).host is None
+
+
+def test_store_adapter_says_when_a_file_is_shared(tmp_path: Path) -> None:
+    """A torch FileStore under the prefixes: ranks of other hosts may share it."""
+    filed = dist.PrefixStore("p", dist.FileStore(str(tmp_path / "f"), 1))
+    assert tb.TorchStoreAdapter(filed, timedelta(seconds=5)).shared_file
+    assert not tb.TorchStoreAdapter(dist.HashStore(), timedelta(seconds=5)).shared_file
 
 
 # -- errors keep pyc10d's wording --------------------------------------------------------------

@@ -49,6 +49,10 @@ class FileStore(Store):
     (reference count kept in the file itself; best effort). ``world_size=-1`` never deletes.
     """
 
+    #: Ranks on other hosts may share the file (a network file system): the tcp transport
+    #: then advertises this host's address rather than loopback.
+    shared_file = True
+
     def __init__(self, file_name: str, world_size: int = -1) -> None:
         super().__init__(STORE_DEFAULT_TIMEOUT)
         self._path = os.fspath(file_name)

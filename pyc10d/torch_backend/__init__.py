@@ -57,6 +57,16 @@ class TorchStoreAdapter(Store):
             s = getattr(s, "underlying_store", None)
         return None
 
+    @property
+    def shared_file(self) -> bool:
+        """Whether a torch ``FileStore`` is under the prefixes (see ``store.file.FileStore``)."""
+        s = self.torch_store
+        while s is not None:
+            if isinstance(s, tdist.FileStore):
+                return True
+            s = getattr(s, "underlying_store", None)
+        return False
+
     def set(self, key: str, value: str | bytes) -> None:
         self.torch_store.set(key, value)
 

@@ -26,7 +26,6 @@ from datetime import timedelta
 from .. import auth
 from ..errors import DistNetworkError, DistTimeoutError
 from ..store.base import Store
-from ..store.file import FileStore
 from .base import Mailbox, RecvHandle
 from .framed import FramedTransport
 from .netif import advertised_address
@@ -53,7 +52,7 @@ def _advertised_host(store: Store, rank: int) -> str:
     store_host, shared_file, s = None, False, store
     while s is not None and store_host is None:
         store_host = getattr(s, "host", None)
-        shared_file = shared_file or isinstance(s, FileStore)
+        shared_file = shared_file or bool(getattr(s, "shared_file", False))
         s = getattr(s, "underlying_store", None)
     return advertised_address(os.environ, store_host or None, rank, shared_file)
 
