@@ -144,6 +144,21 @@ def test_benchmark_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "auto chose hier" in capsys.readouterr().out
 
 
+def _all_succeed(hs: Hosts, procs: list, out: Path, timeout: float) -> dict[int, dict]:
+    """Wait for ``procs`` (each must exit 0, all within ``timeout``); the 4 ranks' reports."""
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            assert p.wait(timeout=max(deadline - time.monotonic(), 0.1)) == 0, _logs(out)
+        except subprocess.TimeoutExpired:
+            for h in hs.hosts:
+                h.kill()
+            pytest.fail(f"still running after {timeout:.0f}s\n{_logs(out)}")
+    reports = _reports(out, [0, 1, 2, 3])
+    assert sorted(reports) == [0, 1, 2, 3], _logs(out)
+    return reports
+
+
 @pytest.mark.timeout(55)
 @pytest.mark.parametrize("api", ["pyc10d", "plugin"])
 def test_torchs_torchrun_across_hosts(hosts: Hosts, tmp_path: Path, api: str) -> None:
@@ -158,16 +173,7 @@ def test_torchs_torchrun_across_hosts(hosts: Hosts, tmp_path: Path, api: str) ->
                 str(h.index), "--nproc-per-node", "2", "--master-addr", hosts[0].addr,
                 "--master-port", str(PORT), script, str(tmp_path), api]
         procs.append(h.spawn(argv, stdout=log, stderr=subprocess.STDOUT))
-    for p in procs:
-        try:
-            assert p.wait(timeout=45) == 0, _logs(tmp_path)
-        except subprocess.TimeoutExpired:
-            for h in hosts.hosts:
-                h.kill()
-            pytest.fail(f"torchrun still running after 45s\n{_logs(tmp_path)}")
-    reports = _reports(tmp_path, [0, 1, 2, 3])
-    assert sorted(reports) == [0, 1, 2, 3], _logs(tmp_path)
-    for r, rep in reports.items():
+    for r, rep in _all_succeed(hosts, procs, tmp_path, 45).items():
         assert (rep["world"], rep["sum"], rep["bcast"]) == (4, [10.0] * 4, [3.0] * 3), rep
         assert rep["host"] == f"h{r // 2}" and rep["local_rank"] == r % 2, rep
         assert rep["backend"] == ("hier" if api == "pyc10d" else "pyc10d"), rep
@@ -179,20 +185,11 @@ def test_file_rendezvous_across_hosts(hosts: Hosts, tmp_path: Path, api: str) ->
     """``file://`` on a file both hosts share: ranks advertise their host's address, not
     loopback (with no interface variable set); pyc10d's API and torch's on the plugin."""
     script = str(Path(__file__).with_name("_file_rank.py"))
+    procs = []
     for r in range(4):
         h = hosts[r // 2]
         log = open(tmp_path / f"{h.name}-rank{r}.log", "w")  # noqa: SIM115 - closed with the process
-        h.spawn([sys.executable, script, str(tmp_path), str(tmp_path / "store"), str(r), "4", api],
-                stdout=log, stderr=subprocess.STDOUT)
-    for h in hosts.hosts:
-        for p in h.procs:
-            try:
-                assert p.wait(timeout=35) == 0, _logs(tmp_path)
-            except subprocess.TimeoutExpired:
-                for hh in hosts.hosts:
-                    hh.kill()
-                pytest.fail(f"ranks still running after 35s\n{_logs(tmp_path)}")
-    reports = _reports(tmp_path, [0, 1, 2, 3])
-    assert sorted(reports) == [0, 1, 2, 3], _logs(tmp_path)
-    for r, rep in reports.items():
+        procs.append(h.spawn([sys.executable, script, str(tmp_path), str(tmp_path / "store"), str(r), "4",
+                              api], stdout=log, stderr=subprocess.STDOUT))
+    for r, rep in _all_succeed(hosts, procs, tmp_path, 35).items():
         assert (rep["world"], rep["sum"], rep["bcast"], rep["host"]) == (4, [10.0] * 4, [3.0] * 3, f"h{r // 2}")
