@@ -23,6 +23,7 @@ _WHY_NOT = unavailable_reason()
 pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=f"namespace hosts: {_WHY_NOT}")
 
 WORKER = str(Path(__file__).with_name("_multihost_worker.py"))
+API_RANK = str(Path(__file__).with_name("_api_rank.py"))  # torchrun and file:// cases
 PORT = 29500  # inside the test's own namespaces: nothing else listens there
 #: Every collective, in launches of a few seconds each. "defaults" (real sizes, unpatched
 #: thresholds) runs alone: an shm arena keeps the slot size it was created with, and the other
@@ -165,13 +166,13 @@ def test_torchs_torchrun_across_hosts(hosts: Hosts, tmp_path: Path, api: str) ->
     """torch's own launcher on two hosts of two ranks: its agent on h0 serves torch's store,
     which pyc10d's ranks join (``api="pyc10d"``), or an unchanged torch program runs on
     pyc10d's engine through the plugin (``api="plugin"``)."""
-    script = str(Path(__file__).with_name("_torchrun_rank.py"))
+    backend = "auto" if api == "pyc10d" else "pyc10d"
     procs = []
     for h in hosts.hosts:
         log = open(tmp_path / f"{h.name}.log", "w")  # noqa: SIM115 - closed with the process
         argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
                 str(h.index), "--nproc-per-node", "2", "--master-addr", hosts[0].addr,
-                "--master-port", str(PORT), script, str(tmp_path), api]
+                "--master-port", str(PORT), API_RANK, str(tmp_path), api, backend, "env://"]
         procs.append(h.spawn(argv, stdout=log, stderr=subprocess.STDOUT))
     for r, rep in _all_succeed(hosts, procs, tmp_path, 45).items():
         assert (rep["world"], rep["sum"], rep["bcast"]) == (4, [10.0] * 4, [3.0] * 3), rep
@@ -184,12 +185,13 @@ def test_torchs_torchrun_across_hosts(hosts: Hosts, tmp_path: Path, api: str) ->
 def test_file_rendezvous_across_hosts(hosts: Hosts, tmp_path: Path, api: str) -> None:
     """``file://`` on a file both hosts share: ranks advertise their host's address, not
     loopback (with no interface variable set); pyc10d's API and torch's on the plugin."""
-    script = str(Path(__file__).with_name("_file_rank.py"))
+    backend = "tcp" if api == "pyc10d" else "pyc10d_tcp"
     procs = []
     for r in range(4):
         h = hosts[r // 2]
         log = open(tmp_path / f"{h.name}-rank{r}.log", "w")  # noqa: SIM115 - closed with the process
-        procs.append(h.spawn([sys.executable, script, str(tmp_path), str(tmp_path / "store"), str(r), "4",
-                              api], stdout=log, stderr=subprocess.STDOUT))
+        init = f"file://{tmp_path / 'store'}?rank={r}&world_size=4"
+        procs.append(h.spawn([sys.executable, API_RANK, str(tmp_path), api, backend, init],
+                             stdout=log, stderr=subprocess.STDOUT))
     for r, rep in _all_succeed(hosts, procs, tmp_path, 35).items():
         assert (rep["world"], rep["sum"], rep["bcast"], rep["host"]) == (4, [10.0] * 4, [3.0] * 3, f"h{r // 2}")

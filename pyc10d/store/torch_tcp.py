@@ -52,6 +52,11 @@ def _key(key: str) -> bytes:
     return _field(b"/" + key.encode())
 
 
+def _keys(keys: list[str]) -> bytes:
+    """A count, then the keys: how WAIT, CHECK and MULTI_GET carry theirs."""
+    return _U64.pack(len(keys)) + b"".join(_key(k) for k in keys)
+
+
 class TorchTCPStore(Store):
     """A connection to a torch ``TCPStore`` server, with pyc10d's ``Store`` interface."""
 
@@ -86,7 +91,7 @@ class TorchTCPStore(Store):
             raise self._lost(e) from e
 
     def _recv(self, n: int, secs: float | None) -> bytes:
-        """Exactly ``n`` bytes; ``socket.timeout`` when ``secs`` pass first."""
+        """Exactly ``n`` bytes; ``TimeoutError`` when ``secs`` pass before the first byte."""
         self._sock.settimeout(secs)
         parts, got = [], 0
         while got < n:
@@ -110,20 +115,26 @@ class TorchTCPStore(Store):
         self._sock.close()
         return DistStoreError(self._broken)
 
-    def _request(self, data: bytes, answer: str) -> bytes | int:
-        """Send one request and read its answer: 'value', 'int', 'byte' or 'none'."""
+    def _exchange(self, data: bytes, kind: str | None, n: int = 1,
+                  wait: tuple[list[str], timedelta] | None = None) -> list[bytes | int]:
+        """Under the lock: first WAIT for ``wait``'s keys if given, then send ``data`` and read
+        ``n`` answers of ``kind`` ('value', 'int', 'byte'; None: the server sends none)."""
         with self._lock:
             if self._broken is not None:
                 raise DistStoreError(self._broken)
+            if wait is not None:
+                self._wait(*wait)
+            if not data:
+                return []
             self._send(data)
+            if kind is None:
+                return []
             try:
-                return self._answer(answer)
+                return [self._answer(kind) for _ in range(n)]
             except TimeoutError:
                 raise self._lost(TimeoutError(f"no answer within {_GRACE_S:g} s")) from None
 
     def _answer(self, kind: str) -> bytes | int:
-        if kind == "none":
-            return b""
         if kind == "byte":
             return self._recv(1, _GRACE_S)[0]
         if kind == "int":
@@ -136,7 +147,7 @@ class TorchTCPStore(Store):
     def _wait(self, keys: list[str], timeout: timedelta) -> None:
         """WAIT for ``keys`` under the lock; on timeout cancel it as torch's client does."""
         secs = timeout_seconds(timeout)
-        self._send(bytes([WAIT]) + _U64.pack(len(keys)) + b"".join(_key(k) for k in keys))
+        self._send(bytes([WAIT]) + _keys(keys))
         try:
             got = self._recv(1, secs)[0]
         except TimeoutError:
@@ -153,18 +164,6 @@ class TorchTCPStore(Store):
         if got != _STOP_WAITING:
             raise self._lost(ValueError(f"answer {got} to a wait"))
 
-    def _waited(self, keys: list[str], then: bytes, answer: str, n: int = 1) -> list[bytes | int]:
-        """Wait for ``keys`` (the store's timeout), then send ``then``: ``n`` answers."""
-        with self._lock:
-            if self._broken is not None:
-                raise DistStoreError(self._broken)
-            self._wait(keys, self._timeout)
-            self._send(then)
-            try:
-                return [self._answer(answer) for _ in range(n)]
-            except TimeoutError:
-                raise self._lost(TimeoutError(f"no answer within {_GRACE_S:g} s")) from None
-
     # -- the Store interface ----------------------------------------------------------------
     @property
     def host(self) -> str:
@@ -175,51 +174,47 @@ class TorchTCPStore(Store):
         return self._port
 
     def set(self, key: str, value: str | bytes) -> None:
-        self._request(bytes([SET]) + _key(key) + _field(to_bytes(value)), "none")
+        self._exchange(bytes([SET]) + _key(key) + _field(to_bytes(value)), None)
 
     def get(self, key: str) -> bytes:
-        return self._waited([key], bytes([GET]) + _key(key), "value")[0]  # type: ignore[return-value]
+        return self._exchange(bytes([GET]) + _key(key), "value", wait=([key], self._timeout))[0]  # type: ignore[return-value]
 
     def add(self, key: str, amount: int) -> int:
         return self.add_raw(b"/" + key.encode(), amount)
 
     def add_raw(self, key: bytes, amount: int) -> int:
         """ADD on a key as the server spells it (no "/" prefix)."""
-        return self._request(bytes([ADD]) + _field(key) + _I64.pack(int(amount)), "int")  # type: ignore[return-value]
+        return self._exchange(bytes([ADD]) + _field(key) + _I64.pack(int(amount)), "int")[0]  # type: ignore[return-value]
 
     def compare_set(self, key: str, expected_value: str | bytes, desired_value: str | bytes) -> bytes:
         data = bytes([COMPARE_SET]) + _key(key) + _field(to_bytes(expected_value)) + _field(to_bytes(desired_value))
-        return self._request(data, "value")  # type: ignore[return-value]
+        return self._exchange(data, "value")[0]  # type: ignore[return-value]
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        with self._lock:
-            if self._broken is not None:
-                raise DistStoreError(self._broken)
-            self._wait(list(keys), resolve_timeout(self._timeout, timeout))
+        self._exchange(b"", None, wait=(list(keys), resolve_timeout(self._timeout, timeout)))
 
     def check(self, keys: list[str]) -> bool:
-        data = bytes([CHECK]) + _U64.pack(len(keys)) + b"".join(_key(k) for k in keys)
-        return self._request(data, "byte") == _READY
+        return self._exchange(bytes([CHECK]) + _keys(list(keys)), "byte")[0] == _READY
 
     def delete_key(self, key: str) -> bool:
-        return self._request(bytes([DELETE_KEY]) + _key(key), "int") == 1
+        return self._exchange(bytes([DELETE_KEY]) + _key(key), "int")[0] == 1
 
     def num_keys(self) -> int:
-        return self._request(bytes([GETNUMKEYS]), "int")  # type: ignore[return-value]
+        return self._exchange(bytes([GETNUMKEYS]), "int")[0]  # type: ignore[return-value]
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
         keys = list(keys)
-        data = bytes([MULTI_GET]) + _U64.pack(len(keys)) + b"".join(_key(k) for k in keys)
-        return self._waited(keys, data, "value", len(keys))  # type: ignore[return-value]
+        return self._exchange(bytes([MULTI_GET]) + _keys(keys), "value", len(keys),  # type: ignore[return-value]
+                              wait=(keys, self._timeout))
 
     def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
         if len(keys) != len(values):
             raise ValueError("multi_set: keys and values differ in length")
         body = b"".join(_key(k) + _field(to_bytes(v)) for k, v in zip(keys, values))
-        self._request(bytes([MULTI_SET]) + _I64.pack(len(keys)) + body, "none")
+        self._exchange(bytes([MULTI_SET]) + _I64.pack(len(keys)) + body, None)
 
     def append(self, key: str, value: str | bytes) -> None:
-        self._request(bytes([APPEND]) + _key(key) + _field(to_bytes(value)), "none")
+        self._exchange(bytes([APPEND]) + _key(key) + _field(to_bytes(value)), None)
 
     def has_extended_api(self) -> bool:
         return True

@@ -18,6 +18,7 @@ the bytes and reports failures in its own words. Only CPU tensors (``devices=["c
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -44,28 +45,24 @@ class TorchStoreAdapter(Store):
         super().__init__(timeout)
         self.torch_store = store
 
+    def _chain(self) -> Iterator[Any]:
+        """The torch store and those under its prefixes, outermost first."""
+        s = self.torch_store
+        while s is not None:
+            yield s
+            s = getattr(s, "underlying_store", None)
+
     @property
     def host(self) -> str | None:
         """The host of the ``TCPStore`` under torch's prefix stores, None for other stores.
         pyc10d's tcp transport advertises the address on the route towards it: without it, a
         rank would take the store for a local one and advertise loopback to other hosts."""
-        s = self.torch_store
-        while s is not None:
-            host = getattr(s, "host", None)
-            if host:
-                return str(host)
-            s = getattr(s, "underlying_store", None)
-        return None
+        return next((str(s.host) for s in self._chain() if getattr(s, "host", None)), None)
 
     @property
     def shared_file(self) -> bool:
         """Whether a torch ``FileStore`` is under the prefixes (see ``store.file.FileStore``)."""
-        s = self.torch_store
-        while s is not None:
-            if isinstance(s, tdist.FileStore):
-                return True
-            s = getattr(s, "underlying_store", None)
-        return False
+        return any(isinstance(s, tdist.FileStore) for s in self._chain())
 
     def set(self, key: str, value: str | bytes) -> None:
         self.torch_store.set(key, value)

@@ -13,8 +13,8 @@ In order:
    one (Debian maps the host's own name to 127.0.1.1), the first non-loopback interface's.
 4. A store with no host but a file (``file://``, a ``FileStore``: ranks may be on any host
    that shares the file): what this host's name resolves to, as Gloo does, when one of its
-   interfaces has that address, else the first non-loopback interface's. Other host-less stores (``HashStore``: one process)
-   advertise 127.0.0.1.
+   interfaces has that address, else the first non-loopback interface's. Other host-less
+   stores (``HashStore``: one process) advertise 127.0.0.1.
 
 A multi-host job (the store's host does not resolve to loopback here) that would advertise
 a loopback address fails at once with an error naming the rank, the address and the store's
