@@ -42,29 +42,53 @@ def test_desync_dumps_merge_into_a_report(backend: str, tmp_path: Path, monkeypa
 
 
 def test_recorder_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyc10d.backends.base import Engine
     from pyc10d.backends.fake import FakeBackend
     from pyc10d.testing import FakeStore
 
+    def engine(name: str) -> Engine:
+        return FakeBackend.create(FakeStore(), 0, 2, __import__("datetime").timedelta(seconds=5), name)
+
     monkeypatch.setenv("PYC10D_FLIGHT_RECORDER_ENTRIES", "0")
-    engine = FakeBackend.create(FakeStore(), 0, 2, __import__("datetime").timedelta(seconds=5), "x")
-    assert engine.recorder is None
+    e = engine("x")  # the ring stays for the desync check, but is never dumped
+    assert e.recorder is not None and e.recorder.capacity == 0
+    assert e.recorder.dump("why") is None and e.recorder.entries() == []
+    monkeypatch.setattr(Engine, "desync_check", False)
+    assert engine("y").recorder is None  # both off: no ring
     monkeypatch.setenv("PYC10D_FLIGHT_RECORDER_ENTRIES", "3")
-    engine = FakeBackend.create(FakeStore(), 0, 2, __import__("datetime").timedelta(seconds=5), "y")
-    assert engine.recorder is not None and engine.recorder.capacity == 3
+    e = engine("z")
+    assert e.recorder is not None and e.recorder.capacity == 3
 
 
 def test_ring_keeps_the_last_operations_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pyc10d.backends.flight_recorder import FlightRecorder, live_entry
+    from pyc10d.backends.flight_recorder import FlightRecorder
 
-    monkeypatch.setenv("PYC10D_FLIGHT_RECORDER_ENTRIES", "3")
+    monkeypatch.setenv("PYC10D_FLIGHT_RECORDER_ENTRIES", "5")
     rec = FlightRecorder("g", 0, 0, 2)
     assert rec.entries() == []
-    for seq in range(1, 6):  # 5 operations through a ring of 3
-        rec.record(seq, "allreduce", [torch.ones(seq, dtype=torch.float64)], 0.0, float(seq), seq == 5)
-    live = [live_entry(6, "broadcast", torch.ones(2), 0.0, 6.5), live_entry(7, "barrier", [], 7.0, 0.0)]
-    rows = rec.entries(live)
+    for seq in range(1, 6):  # 5 operations, then two more: the ring shows the last 5
+        slot = rec.issue(seq, "allreduce", [torch.ones(seq, dtype=torch.float64)])
+        rec.started[slot] = float(seq)
+        rec.ended[slot] = -(seq + 0.5) if seq == 5 else seq + 0.5
+    rec.started[rec.issue(6, "broadcast", torch.ones(2))] = 6.5  # running
+    rec.issue(7, "barrier", [], issued=7.0)  # queued
+    rows = rec.entries()
     assert [r["seq"] for r in rows] == [3, 4, 5, 6, 7]
     assert [r["state"] for r in rows] == ["completed", "completed", "failed", "running", "issued"]
     assert rows[0]["numel"] == 3 and rows[0]["dtype"] == "float64" and rows[0]["issued"] == 3.0
-    assert rows[0]["ended"] >= rows[0]["started"] == 3.0
-    assert rows[3]["op"] == "broadcast" and rows[4]["numel"] == 0 and rows[4]["issued"] == 7.0
+    assert rows[0]["started"] == 3.0 and rows[0]["ended"] == 3.5 and rows[2]["ended"] == 5.5
+    assert rows[3]["op"] == "broadcast" and rows[3]["ended"] == 0.0
+    assert rows[4]["numel"] == 0 and rows[4]["issued"] == 7.0 and rows[4]["started"] == 0.0
+
+
+def test_a_slot_reused_does_not_show_its_old_times() -> None:
+    from pyc10d.backends.flight_recorder import FlightRecorder
+
+    rec = FlightRecorder("g", 0, 0, 2, keep=4)
+    slot = rec.issue(1, "allreduce", torch.ones(1))
+    rec.started[slot], rec.ended[slot] = 1.0, 2.0
+    again = rec.issue(1 + rec.mask + 1, "allreduce", torch.ones(1), issued=3.0)  # same slot, queued
+    assert again == slot
+    assert [r["state"] for r in rec.entries()] == ["issued"]
+    rec.started[slot] = 4.0  # it runs: the old end time is older than its start
+    assert [(r["state"], r["ended"]) for r in rec.entries()] == [("running", 0.0)]

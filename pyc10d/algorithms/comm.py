@@ -157,6 +157,11 @@ class PendingRecv:
 class Comm:
     """Per-operation view of a group: ``rank``/``size`` are group-local."""
 
+    #: The engine's job of a collective, ending in its reduce op and root, set while desync
+    #: detection is on; None (point to point, or the check off): no fingerprint to carry.
+    collective: tuple | None = None
+    _fp = -1
+
     def __init__(
         self, transport: Transport, ranks: list[int], rank: int, channel: int, timeout: float, op: str
     ) -> None:
@@ -169,7 +174,15 @@ class Comm:
         self.op = op
         self.deadline = time.monotonic() + timeout
         self.scratch_pool: dict | None = None
-        self.fingerprint = 0  # see fingerprint(); 0 for point-to-point (nothing to compare)
+
+    @property
+    def fingerprint(self) -> int:
+        """See ``fingerprint()``; made on first use: most operations on shm send no message."""
+        fp = self._fp
+        if fp < 0:
+            c = self.collective
+            fp = self._fp = 0 if c is None else fingerprint(self.op, c[-2], c[-1])
+        return fp
 
     def scratch(self, slot: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A reusable buffer (fresh pages cost a page fault each; large ones are kept per group)."""

@@ -17,7 +17,6 @@ operations on the group raise the same error instead of hanging.
 
 from __future__ import annotations
 
-import array
 import os
 import queue
 import threading
@@ -35,12 +34,12 @@ from ..errors import DistBackendError, DistError, DistNetworkError, DistTimeoutE
 from ..transport.base import Transport
 from ..types import UNSET_TIMEOUT
 from . import flight_recorder, watchdog
-from .flight_recorder import FlightRecorder
+from .flight_recorder import FlightRecorder, first_tensor
 from .work import CompletedWork, Work
 
 _now = time.monotonic
+_Tensor = torch.Tensor
 _P2P_BIT = 1 << 31
-_FP_RING = 4096  # fingerprints of the last operations, for messages that beat their receive
 
 
 def group_key(name: str) -> int:
@@ -115,10 +114,6 @@ class Engine:
         self._broken: BaseException | None = None
         self._closed = False
         self._scratch: dict = {}
-        # Desync detection: the fingerprint of each recent operation by sequence number,
-        # checked against every message that arrives before its receive is posted. Slot
-        # ``seq % _FP_RING`` holds ``seq << 24 | fingerprint``: one store per call.
-        self._fp_ring = array.array("q", [-1]) * _FP_RING
         self._box = getattr(transport, "mailbox", None)  # abort reasons peers sent (``_abort_reason``)
         self._desync: BaseException | None = None
         # Progress, for the watchdog (backends.watchdog): the operation running now and the
@@ -127,8 +122,11 @@ class Engine:
         self._running_op: tuple[int, str, float] | None = None
         self._entered: tuple[int, str] = (0, "")
         self._completed: tuple[int, str] = (0, "")
+        # The recent operations by sequence number: the flight recorder's ring, and what
+        # desync detection checks every message against that arrives before its receive is
+        # posted (``_on_unexpected``). None when both are off.
         self.recorder = (FlightRecorder(group_name, rank, ranks[rank], len(ranks))
-                         if flight_recorder.capacity() > 0 else None)
+                         if flight_recorder.capacity() > 0 or self.desync_check else None)
         # Messages of operations not issued here yet, by sequence number: (peer, fingerprint),
         # checked when the operation is issued (``_on_unexpected``).
         self._early: dict[int, list[tuple[int, int]]] = {}
@@ -185,26 +183,41 @@ class Engine:
         (with ``opname``), so that ranks running different collectives fail instead of mixing.
         """
         timeout = self._op_timeout(opts)
-        fp = fingerprint(opname, red, root) if self.desync_check else 0
+        log = self.recorder
+        if log is not None:  # what the ring says about the tensors (``first_tensor``, inlined)
+            t = outputs[0] if outputs.__class__ is list and outputs else outputs
+            if t.__class__ is not _Tensor:
+                t = first_tensor(outputs)
+            if t is None:
+                numel = dtype = None
+            else:
+                numel, dtype = t.numel(), t.dtype
         with self._lock:
             if self._closed:
                 raise DistBackendError(f"{opname}: process group {self.group_name!r} was destroyed")
             self._seq += 1
             seq = self._seq & 0x7FFFFFFF
-            if fp:  # (an array: no object per call to free, cold, _FP_RING calls later)
-                self._fp_ring[seq & (_FP_RING - 1)] = seq << 24 | fp
-            early = self._early.pop(seq, None) if self._early else None
             # Taking ``_exec`` here, under ``_lock``, keeps a job issued meanwhile by another
             # thread from running first; when only a stale token holds it, queue instead.
             inline = sync and self._pending == 0 and self._exec.acquire(blocking=False)
+            if inline:  # it starts now; its entry says so with a negative time (one store less)
+                now = _now()
+                if log is not None:  # (``FlightRecorder.issue``, inlined)
+                    log.ops[seq & log.mask] = (seq, opname, red, root, numel, dtype, -now)
+            else:
+                now = 0.0  # it starts when it runs
+                if log is not None:
+                    slot = seq & log.mask
+                    log.ops[slot] = (seq, opname, red, root, numel, dtype, _now())
+                    log.started[slot] = 0.0
+            early = self._early.pop(seq, None) if self._early else None
             self._pending += 1
             # An inline operation's handle is made finished (no latch to build and release);
             # only a failure gets a Work, to carry the error to ``wait``.
             work = CompletedWork(opname, outputs, self._seq) if inline else Work(opname, outputs, self._seq)
             channel = (self.group_key << 32) | seq
-            job = (work, fn, channel, timeout, fp)
+            job = (work, fn, channel, timeout, now, red, root)
             if not inline:
-                work._issued_at = _now()  # (an inline one is issued when it starts)
                 self._jobs.append(job)
                 self._queue.put(True)
                 work._runner = self._run_here
@@ -215,7 +228,8 @@ class Engine:
                     )
                     self._worker.start()
         try:
-            if early and fp:  # messages of peers that ran ahead to this operation
+            if early and self.desync_check:  # messages of peers that ran ahead to this operation
+                fp = fingerprint(opname, red, root)
                 for peer, theirs in early:
                     self._check_fingerprint(peer, seq, theirs, fp, opname)
             error = self._run(job) if inline else None
@@ -238,9 +252,10 @@ class Engine:
             self._seq += 1
             seq = self._seq
         self._entered = self._completed = (seq, opname)
-        if self.recorder is not None:
+        log = self.recorder
+        if log is not None:
             now = _now()
-            self.recorder.record(seq, opname, outputs, now, now, False)
+            log.ended[log.issue(seq & 0x7FFFFFFF, opname, outputs, -now)] = now
         return CompletedWork(opname, outputs, seq)
 
     def _on_unexpected(self, peer: int, channel: int, meta: int) -> None:
@@ -249,23 +264,24 @@ class Engine:
         desynchronised; fail the group with both sides. One for an operation not issued here
         yet waits in ``_early`` for the issue (no scan of the mailbox at every call)."""
         theirs, seq = meta >> 8, channel & 0x7FFFFFFF
-        if not theirs or channel & _P2P_BIT:
+        log = self.recorder
+        if not theirs or channel & _P2P_BIT or log is None:
             return
-        slot = seq & (_FP_RING - 1)
+        slot = seq & log.mask
         # No lock (taking the engine's on this thread for every message cost the caller more
         # than the scan it replaces): ``_submit`` writes the slot, then pops ``_early``; here
         # ``_early`` is written, then the slot read again. Each step is atomic under the GIL,
         # so one side or both see the other; a fingerprint checked twice is harmless.
-        word = self._fp_ring[slot]
-        if word >> 24 != seq:
-            if not 0 < (seq - self._seq) & 0x7FFFFFFF < _FP_RING:  # not ahead of this rank
+        entry = log.ops[slot]
+        if entry is None or entry[0] != seq:
+            if not 0 < (seq - self._seq) & 0x7FFFFFFF <= log.mask:  # not ahead of this rank
                 return
             self._early.setdefault(seq, []).append((peer, theirs))
-            word = self._fp_ring[slot]
-            if word >> 24 != seq:
+            entry = log.ops[slot]
+            if entry is None or entry[0] != seq:
                 return
             self._early.pop(seq, None)  # issued meantime: check it here
-        mine = word & 0xFFFFFF
+        mine = fingerprint(entry[1], entry[2], entry[3])
         self._check_fingerprint(peer, seq, theirs, mine, fingerprint_collective(mine))
 
     def _check_fingerprint(self, peer: int, seq: int, theirs: int, mine: int, opname: str) -> None:
@@ -329,9 +345,13 @@ class Engine:
     def _run(self, job: tuple) -> BaseException | None:
         """Run ``job``; its error, if any. The caller holds ``_exec`` and finishes the Work
         after releasing it (a Future's callbacks may issue the group's next operation)."""
-        work, fn, channel, timeout, fp = job
+        work, fn, channel, timeout, now, red, root = job
         error: BaseException | None = None
-        now = _now()
+        log = self.recorder
+        if not now:  # it was queued (an inline one started at issue)
+            now = _now()
+            if log is not None:
+                log.started[work.seq & log.mask] = now
         self._running_op = (work.seq, work.opname, now)
         self._entered = (work.seq, work.opname)
         try:
@@ -341,17 +361,18 @@ class Engine:
                 raise self._desync
             comm = Comm(self.transport, self.ranks, self._rank, channel, timeout, work.opname)
             comm.scratch_pool = self._scratch
-            comm.fingerprint = fp
+            if self.desync_check:  # its fingerprint is made when a message needs it
+                comm.collective = job
             fn(comm)
         except BaseException as e:  # noqa: BLE001 - handed to the waiter
-            if self.recorder is not None:  # before the dump, which it is part of
-                self.recorder.record(work.seq, work.opname, work._outputs, work._issued_at, now, True)
+            if log is not None:  # before the dump, which it is part of
+                log.ended[work.seq & log.mask] = -_now()
             error = self._with_trace(self._explain_failure(self._annotate(e, work), work))
             self._fail_group(error)
         finally:
             self._running_op = None
-            if error is None and self.recorder is not None:
-                self.recorder.record(work.seq, work.opname, work._outputs, work._issued_at, now, False)
+            if error is None and log is not None:
+                log.ended[work.seq & log.mask] = _now()
             self._completed = (work.seq, work.opname)
             with self._lock:
                 self._pending -= 1
@@ -408,11 +429,10 @@ class Engine:
         if self.recorder is None or not isinstance(error, DistError):
             return error
         try:
-            with self._lock:  # the operations queued behind the failed one
-                live = [flight_recorder.live_entry(w.seq, w.opname, w._outputs, w._issued_at, 0.0)
-                        for w, *_ in self._jobs]
-            path = self.recorder.dump(str(error), live)
+            path = self.recorder.dump(str(error))
         except OSError:
+            return error
+        if path is None:
             return error
         return _reworded(error, f"{error} [flight recorder: {path}]")
 

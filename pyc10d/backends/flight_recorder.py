@@ -8,10 +8,15 @@ abort or death) the buffer is written to ``PYC10D_TRACE_DIR`` (default: a tempor
 directory, named in the error) as ``pyc10d-trace-<group>-rank<r>.json``. Dumps of all
 ranks merge with ``python -m pyc10d.flight_recorder DIR`` into one report: which rank is
 behind and where the ranks disagree.
+
+The same ring is the desync check's memory (``Engine._on_unexpected``): a message that
+arrives before its receive is posted is compared with the fingerprint of the operation
+this rank issued under its sequence number, computed from the ring's entry only then.
 """
 
 from __future__ import annotations
 
+import array
 import json
 import os
 import socket
@@ -21,72 +26,87 @@ from typing import Any
 
 import torch
 
-_Tensor, _monotonic = torch.Tensor, time.monotonic
+_Tensor = torch.Tensor
 FIELDS = ("seq", "op", "numel", "dtype", "issued", "started", "ended", "state")
+#: Slots the ring has at least, so that the desync check can look back (and ahead) this far.
+DESYNC_WINDOW = 1024
 
 
 def capacity() -> int:
     return int(os.environ.get("PYC10D_FLIGHT_RECORDER_ENTRIES", "2000"))
 
 
-def _first_tensor(outputs: Any) -> torch.Tensor | None:
+def first_tensor(outputs: Any) -> torch.Tensor | None:
+    """The tensor an entry describes: the operation's first output (None: it has none)."""
+    t = outputs[0] if outputs.__class__ is list and outputs else outputs
+    if t.__class__ is _Tensor:
+        return t
     while isinstance(outputs, (list, tuple)) and outputs:
         outputs = outputs[0]
     return outputs if isinstance(outputs, torch.Tensor) else None
 
 
-def live_entry(seq: int, opname: str, outputs: Any, issued: float, started: float) -> tuple:
-    """An entry for an operation not ended yet (queued, or running when ``started``)."""
-    t = _first_tensor(outputs)
-    return (seq, opname, t.numel() if t is not None else 0, t.dtype if t is not None else None,
-            issued or started, started, 0.0, False)
-
-
 class FlightRecorder:
-    """One group's ring buffer of recent operations.
+    """One group's ring of recent operations.
 
-    Recording runs on every call, and every bytecode there shows: measured on vs off (8 B
-    all_reduce on shm, back to back), a ring written at issue, start and end cost ~2 us per
-    call, 2-3x what the same code costs in a tight loop (the caller runs cold after each
-    wake-up). So an operation is written once, when it ends, as one tuple
-    ``(seq, op, numel, dtype, issued, started, ended, failed)``; the operations still running
-    or queued are the engine's to report (``dump``'s ``live``), as it knows them anyway.
+    Writing it runs on every call, and every bytecode there shows: measured on vs off (8 B
+    all_reduce on shm, back to back), each microsecond of bookkeeping is ~6% of the call. So
+    an operation is written as one tuple when it is issued, ``(seq, op, red, root, numel,
+    dtype, issued)`` in slot ``seq & mask`` (``issued`` below 0: it started at once, at
+    ``-issued``), and the engine stores when a queued one started, and when each ended, in
+    two float arrays (an ended time below 0: failed).
+    The desync check reads the same tuple (``red`` and ``root`` are in it for that), so both
+    features cost one tuple per call; text is made only when the ring is read.
     """
 
-    def __init__(self, group_name: str, rank: int, global_rank: int, size: int) -> None:
+    def __init__(self, group_name: str, rank: int, global_rank: int, size: int, keep: int | None = None) -> None:
         self.group_name, self.rank, self.global_rank, self.size = group_name, rank, global_rank, size
-        self.capacity = max(1, capacity())
-        self.ring: list[tuple | None] = [None] * self.capacity
-        self.next = 0  # the slot the next finished operation takes
+        self.capacity = max(0, capacity() if keep is None else keep)  # entries a dump shows; 0: none
+        slots = 1 << max(self.capacity - 1, DESYNC_WINDOW - 1).bit_length()
+        self.mask = slots - 1
+        self.ops: list[tuple | None] = [None] * slots
+        self.started = array.array("d", bytes(8 * slots))
+        self.ended = array.array("d", bytes(8 * slots))
         self.dumped: str | None = None
 
-    def record(self, seq: int, opname: str, outputs: Any, issued: float, started: float, failed: bool) -> None:
-        """Operation ``seq`` ended now (size and dtype of its first tensor; text only at dump)."""
-        t = outputs[0] if outputs.__class__ is list and outputs else outputs
-        if t.__class__ is not _Tensor:
-            t = _first_tensor(outputs)
-        i = self.next
-        if t is not None:
-            self.ring[i] = (seq, opname, t.numel(), t.dtype, issued or started, started, _monotonic(), failed)
-        else:
-            self.ring[i] = (seq, opname, 0, None, issued or started, started, _monotonic(), failed)
-        i += 1
-        self.next = i if i < self.capacity else 0
+    def issue(self, seq: int, opname: str, outputs: Any, issued: float = 0.0,
+              red: Any = None, root: int | None = None) -> int:
+        """Write operation ``seq`` (the engine does the same inline on its hot path); its slot.
+        ``issued`` below 0: it started at once (at ``-issued``)."""
+        t = first_tensor(outputs)
+        slot = seq & self.mask
+        self.ops[slot] = (seq, opname, red, root, 0 if t is None else t.numel(), None if t is None else t.dtype,
+                          issued)
+        self.started[slot] = -issued if issued < 0 else 0.0
+        return slot
 
-    def entries(self, live: list[tuple] = ()) -> list[dict[str, Any]]:  # type: ignore[assignment]
-        """The recorded operations, oldest first, then ``live`` ones (tuples of the same
-        shape, ended 0: running if started, else issued), as dicts of ``FIELDS``."""
-        done = [e for e in self.ring[self.next:] + self.ring[:self.next] if e is not None]
+    def entries(self) -> list[dict[str, Any]]:
+        """The last ``capacity`` operations issued, oldest first, as dicts of ``FIELDS``.
+
+        A start time older than the slot's issue time, or an end time older than its start,
+        belongs to the operation the slot held before (the engine does not clear them)."""
         rows = []
-        for seq, op, numel, dtype, issued, started, ended, failed in [*done, *live]:
-            state = "failed" if failed else "completed" if ended else "running" if started else "issued"
+        for slot, e in enumerate(self.ops):
+            if e is None:
+                continue
+            seq, op, _red, _root, numel, dtype, issued = e
+            numel = numel or 0
+            started, ended = self.started[slot], self.ended[slot]
+            if issued < 0:  # started at issue
+                issued = started = -issued
+            elif started < issued:
+                started = 0.0
+            if not started or abs(ended) < started:
+                ended = 0.0
+            state = ("failed" if ended < 0 else "completed" if ended else "running" if started else "issued")
             rows.append(dict(zip(FIELDS, [seq, op, numel, str(dtype or "").replace("torch.", ""),
-                                          issued, started, ended, state])))
-        return rows
+                                          issued or started, started, abs(ended), state])))
+        rows.sort(key=lambda r: r["seq"])
+        return rows[len(rows) - self.capacity:] if self.capacity else []
 
-    def dump(self, reason: str, live: list[tuple] = ()) -> str:  # type: ignore[assignment]
-        """Write the buffer (once per group); return the file's path."""
-        if self.dumped is not None:
+    def dump(self, reason: str) -> str | None:
+        """Write the buffer (once per group); return the file's path (None: recording is off)."""
+        if self.dumped is not None or not self.capacity:
             return self.dumped
         folder = os.environ.get("PYC10D_TRACE_DIR") or os.path.join(tempfile.gettempdir(), "pyc10d-traces")
         os.makedirs(folder, exist_ok=True)
@@ -97,7 +117,7 @@ class FlightRecorder:
             "dumped_monotonic": time.monotonic(),
             "group": self.group_name, "rank": self.rank, "global_rank": self.global_rank, "size": self.size,
             "host": socket.gethostname(), "pid": os.getpid(), "reason": reason, "dumped": time.time(),
-            "entries": self.entries(live),
+            "entries": self.entries(),
         }
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:

@@ -19,7 +19,6 @@ from ..errors import DistTimeoutError
 class Work:
     """Handle of one (possibly asynchronous) operation."""
 
-    _issued_at = 0.0  # when a queued operation was issued (monotonic; for the flight recorder)
 
     def __init__(self, opname: str, outputs: Any = None, seq: int = -1) -> None:
         self.opname = opname
