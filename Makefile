@@ -7,8 +7,9 @@
 #   make bench  benchmarks vs torch.distributed's gloo (BENCH_ARGS="..." passes options),
 #               then functional vs in-place collectives (python -m pyc10d.bench.funcol)
 #               and the per-call cost at world size 1 (python -m pyc10d.bench.percall)
-#   make fuzz   100,000 malformed frames at a live TCPStore server (and garbage at the tcp
-#               transport) while good clients keep working; prints frames, time and peak memory
+#   make fuzz   100,000 malformed frames at a live TCPStore server and 100,000 garbage
+#               handshakes at the tcp transport's listener (and bad frames from its peers)
+#               while good clients keep working; prints frames, time and peak memory
 #   make chaos  500 trials: a rank SIGKILLed mid-run on tcp and shm (tests/chaos.py)
 #   make lint   ruff
 
@@ -48,7 +49,7 @@ test-launchers: $(STAMP)
 
 # Not part of `make test` (which runs the same tests with a few thousand frames): minutes.
 fuzz: $(STAMP)
-	PYC10D_FUZZ_FRAMES=$(FUZZ_FRAMES) $(PY) -m pytest -p no:cacheprovider -s \
+	PYC10D_FUZZ_FRAMES=$(FUZZ_FRAMES) PYC10D_FUZZ_HANDSHAKES=100000 $(PY) -m pytest -p no:cacheprovider -s \
 		tests/store/test_store_fuzz.py::test_fuzz_server tests/transport/test_tcp_fuzz.py
 
 bench: $(STAMP)
