@@ -334,14 +334,29 @@ class TCPTransport(FramedTransport):
 
     def _dial_in_background(self, peer: int, after: float) -> None:
         """Dial ``peer`` on a thread, ``after`` seconds from now unless it is connected by
-        then; a loss shows in ``is_alive`` and fails the receives from it."""
+        then; a loss shows in ``is_alive`` and fails the receives from it.
+
+        A dial that fails part-way (the peer closed the connection during the hello or the
+        authentication: it was dying, or busy refusing) says nothing for sure, and giving
+        up there left a receive from a dead peer waiting out the whole timeout. So it dials
+        again, backing off, until the peer is connected, known lost (its listener refuses:
+        ``_open``), the transport closes, or the timeout passes."""
         def dial() -> None:
+            delay, end = 0.05, time.monotonic() + self._timeout_s
             try:
                 with self._cond:
                     self._cond.wait_for(lambda: self._socks[peer] is not None or self._closing, after)
-                self._connection(peer)
-            except Exception:  # noqa: BLE001 - a loss fails the receive; the rest time out
-                pass
+                while True:
+                    try:
+                        self._connection(peer)
+                        return
+                    except Exception:  # noqa: BLE001 - a loss fails the receive; see above
+                        with self._cond:
+                            if (self._socks[peer] is not None or self._closing or peer in self.mailbox.dead
+                                    or time.monotonic() + delay > end):
+                                return
+                            self._cond.wait(delay)
+                        delay = min(2 * delay, 1.0)
             finally:
                 self._probing[peer] = False
 

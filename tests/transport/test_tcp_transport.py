@@ -192,6 +192,31 @@ def test_a_peer_gone_before_any_connection_is_named() -> None:
             t.close()
 
 
+def test_a_peer_that_dies_during_the_first_dial_is_named() -> None:
+    """Rank 1 never connects; rank 0's receive dials it to see whether it lives, and rank 1
+    dies in the middle of that dial (here: its listener takes the connection, then closes it
+    and itself without answering the hello). The receive fails naming rank 1 within seconds
+    instead of waiting out the timeout (the probe gave up after one failed dial before)."""
+    store = PrefixStore("t", HashStore())
+    listener = socket.create_server(("127.0.0.1", 0))
+    store.set("tcp_addr/1", f"127.0.0.1:{listener.getsockname()[1]}:1")
+    store.add("tcp_joined", 1)  # rank 1 joined: rank 0's join completes the world
+    t = TCPTransport(store, 0, 2, timedelta(seconds=20))
+    try:
+        start = time.monotonic()
+        h = t.irecv(1, CH, memoryview(bytearray(4)))
+        conn, _ = listener.accept()  # the probe's dial
+        conn.recv(64)
+        listener.close()  # rank 1 dies: no listener, and the dial it took is closed unanswered
+        conn.close()
+        with pytest.raises(DistNetworkError, match="rank 1"):
+            h.wait(15)
+        assert time.monotonic() - start < 5
+        assert not t.is_alive(1)
+    finally:
+        t.close()
+
+
 def test_large_message_waits_briefly_for_its_receive(monkeypatch) -> None:
     """Posted within the pump's grace period: read straight into place, no holding buffer."""
     a, b = world(2)
