@@ -5,13 +5,16 @@ it, two groups span the same ranks: one as every group is by default (fingerprin
 flight recorder on), one with both off (what ``PYC10D_DESYNC_CHECK=0`` and
 ``PYC10D_FLIGHT_RECORDER_ENTRIES=0`` give a whole process). ``all_reduce`` is timed back to
 back on each (a loop of K calls / K, the maximum over ranks) at 8 B and 64 MiB, the two
-loops alternating for ``--pairs`` pairs, and every result is checked. Each group first runs
+loops alternating for ``--pairs`` pairs (default 400 at 64 KiB and below, 100 above), and
+every result is checked. Each group first runs
 as many calls as the flight recorder keeps (its ring fills once; the figure is the steady
 state).
 
 The cost asked about is about a microsecond, well under the scheduler's noise when ranks
 share cores, and the machine's speed drifts; a pair of adjacent loops sees the same
-conditions, so the figure is the median over pairs of on / off - 1 (with the quartiles).
+conditions, so the figure is the median over pairs of on / off - 1 (with the quartiles). The
+pairs' ratios spread over ±5-10%, so a 1 us effect needs hundreds of pairs to show: with 30,
+runs of one tree at 8 B ranged over several per cent.
 Targets: at most 5% at 8 B and 1% at 64 MiB. Writes ``<out>/overhead-<time>.json``.
 """
 
@@ -75,7 +78,8 @@ def _worker(args: argparse.Namespace) -> None:
         bufs = {name: [x.clone() for _ in range(k)] for name in groups}
         times: dict[str, list[float]] = {"on": [], "off": []}
         ok = True
-        for i in range(args.pairs + 1):
+        pairs = args.pairs or (400 if nbytes <= 64 * 1024 else 100)
+        for i in range(pairs + 1):
             for name in (("on", "off") if i % 2 == 0 else ("off", "on")):
                 for b in bufs[name]:
                     b.copy_(x)
@@ -88,7 +92,7 @@ def _worker(args: argparse.Namespace) -> None:
         records.append({"backend": args.backend, "bytes": count * 4, "on_us": statistics.median(times["on"]),
                         "off_us": statistics.median(times["off"]), "overhead": statistics.median(ratios),
                         "overhead_q1": q[0], "overhead_q3": q[2], "on_loops_us": times["on"],
-                        "off_loops_us": times["off"], "iters": k, "correct": ok})
+                        "off_loops_us": times["off"], "iters": k, "pairs": pairs, "correct": ok})
     if rank == 0:
         Path(args.out).write_text(json.dumps(records))
     dist.destroy_process_group()
@@ -101,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", default="shm,tcp")
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--sizes", type=int, nargs="+", default=[8, 64 << 20])
-    ap.add_argument("--pairs", type=int, default=30)
+    ap.add_argument("--pairs", type=int, default=0, help="pairs of loops per size (0: by size)")
     ap.add_argument("--pin", action="store_true", help="pin rank r to the r-th allowed CPU")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args(argv)
@@ -122,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += got
             bad += [f"{r['backend']} {r['bytes']} B: wrong result" for r in got if not r["correct"]]
     print(f"all_reduce back to back, world size {args.world_size}, features on vs off in one job, "
-          f"median (quartiles) of {args.pairs} adjacent pairs of loops")
+          f"median (quartiles) of {args.pairs or '400 (small) / 100 (large)'} adjacent pairs of loops")
     print(f"{'backend':8} {'bytes':>10} {'on us':>10} {'off us':>10} {'overhead':>9} {'quartiles':>17} {'target':>7}")
     for r in rows:
         target = TARGET.get(r["bytes"])
