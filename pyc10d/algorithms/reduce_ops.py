@@ -16,7 +16,7 @@ def check_op(op: ReduceOp, dtype: torch.dtype, opname: str) -> None:
     """Reject (op, dtype) pairs that have no meaning, before any byte moves.
 
     Runs on every reduction; a pair that passed once is remembered (by the ``id`` of the
-    ``RedOpType`` member, which lives for ever, as ``comm.fingerprint`` does)."""
+    ``RedOpType`` member, which lives for ever, as ``fingerprint()``'s cache does)."""
     t = op.op
     key = (id(t), dtype)
     if key in _CHECKED:
