@@ -92,3 +92,14 @@ def test_a_slot_reused_does_not_show_its_old_times() -> None:
     assert [r["state"] for r in rec.entries()] == ["issued"]
     rec.started[slot] = 4.0  # it runs: the old end time is older than its start
     assert [(r["state"], r["ended"]) for r in rec.entries()] == [("running", 0.0)]
+
+
+def test_a_ring_not_yet_full_shows_every_operation() -> None:
+    from pyc10d.backends.flight_recorder import FlightRecorder
+
+    rec = FlightRecorder("g", 0, 0, 2, keep=5)
+    for seq in range(1, 5):  # 4 of the 5 it keeps
+        rec.ended[rec.issue(seq, "allreduce", torch.ones(1), issued=-float(seq))] = seq + 0.5
+    rows = rec.entries()
+    assert [r["seq"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["state"] == "completed" and r["started"] == r["issued"] for r in rows)

@@ -189,7 +189,7 @@ class Engine:
             if t.__class__ is not _Tensor:
                 t = first_tensor(outputs)
             if t is None:
-                numel = dtype = None
+                numel, dtype = 0, None
             else:
                 numel, dtype = t.numel(), t.dtype
         with self._lock:

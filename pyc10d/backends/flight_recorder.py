@@ -69,13 +69,12 @@ class FlightRecorder:
         self.ended = array.array("d", bytes(8 * slots))
         self.dumped: str | None = None
 
-    def issue(self, seq: int, opname: str, outputs: Any, issued: float = 0.0,
-              red: Any = None, root: int | None = None) -> int:
-        """Write operation ``seq`` (the engine does the same inline on its hot path); its slot.
-        ``issued`` below 0: it started at once (at ``-issued``)."""
+    def issue(self, seq: int, opname: str, outputs: Any, issued: float = 0.0) -> int:
+        """Write operation ``seq`` (the engine does the same inline on its hot path, with the
+        reduce op and root); its slot. ``issued`` below 0: it started at once (at ``-issued``)."""
         t = first_tensor(outputs)
         slot = seq & self.mask
-        self.ops[slot] = (seq, opname, red, root, 0 if t is None else t.numel(), None if t is None else t.dtype,
+        self.ops[slot] = (seq, opname, None, None, 0 if t is None else t.numel(), None if t is None else t.dtype,
                           issued)
         self.started[slot] = -issued if issued < 0 else 0.0
         return slot
@@ -83,26 +82,23 @@ class FlightRecorder:
     def entries(self) -> list[dict[str, Any]]:
         """The last ``capacity`` operations issued, oldest first, as dicts of ``FIELDS``.
 
-        A start time older than the slot's issue time, or an end time older than its start,
-        belongs to the operation the slot held before (the engine does not clear them)."""
+        An end time older than the start belongs to the operation the slot held before (the
+        engine does not clear it; a queued operation's start is cleared at its issue)."""
         rows = []
         for slot, e in enumerate(self.ops):
             if e is None:
                 continue
             seq, op, _red, _root, numel, dtype, issued = e
-            numel = numel or 0
             started, ended = self.started[slot], self.ended[slot]
             if issued < 0:  # started at issue
                 issued = started = -issued
-            elif started < issued:
-                started = 0.0
             if not started or abs(ended) < started:
                 ended = 0.0
             state = ("failed" if ended < 0 else "completed" if ended else "running" if started else "issued")
             rows.append(dict(zip(FIELDS, [seq, op, numel, str(dtype or "").replace("torch.", ""),
                                           issued or started, started, abs(ended), state])))
         rows.sort(key=lambda r: r["seq"])
-        return rows[len(rows) - self.capacity:] if self.capacity else []
+        return rows[max(0, len(rows) - self.capacity):] if self.capacity else []
 
     def dump(self, reason: str) -> str | None:
         """Write the buffer (once per group); return the file's path (None: recording is off)."""
