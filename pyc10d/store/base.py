@@ -8,7 +8,9 @@ naming the missing key(s) and the timeout.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 from ..errors import DistStoreError, DistTimeoutError
 from ..types import DEFAULT_TIMEOUT
@@ -45,6 +47,14 @@ def wait_timeout_error(keys: list[str], timeout: timedelta) -> StoreTimeoutError
     """The error for a get/wait that expired; wording follows torch's TCPStore message."""
     ms = int(timeout.total_seconds() * 1000)
     return StoreTimeoutError(f"wait timeout after {ms}ms, keys: {', '.join(keys)}")
+
+
+def store_chain(store: Any) -> Iterator[Any]:
+    """``store`` and the stores under its prefixes, outermost first: every wrapper with an
+    ``underlying_store`` (pyc10d's ``PrefixStore``, and torch's, for the plugin's adapter)."""
+    while store is not None:
+        yield store
+        store = getattr(store, "underlying_store", None)
 
 
 def to_bytes(value: str | bytes | bytearray | memoryview | list[int]) -> bytes:

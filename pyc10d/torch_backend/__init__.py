@@ -25,7 +25,7 @@ from typing import Any
 import torch.distributed as tdist
 
 from ..process_group import make_engine
-from ..store.base import Store, resolve_timeout, wait_timeout_error
+from ..store.base import Store, resolve_timeout, store_chain, wait_timeout_error
 from .group import TorchProcessGroup, TorchWork
 
 #: torch backend name -> pyc10d engine name.
@@ -47,10 +47,7 @@ class TorchStoreAdapter(Store):
 
     def _chain(self) -> Iterator[Any]:
         """The torch store and those under its prefixes, outermost first."""
-        s = self.torch_store
-        while s is not None:
-            yield s
-            s = getattr(s, "underlying_store", None)
+        return store_chain(self.torch_store)
 
     @property
     def host(self) -> str | None:

@@ -25,7 +25,7 @@ from datetime import timedelta
 
 from .. import auth
 from ..errors import DistNetworkError, DistTimeoutError
-from ..store.base import Store
+from ..store.base import Store, store_chain
 from .base import Mailbox, RecvHandle
 from .framed import FramedTransport
 from .netif import advertised_address
@@ -49,11 +49,12 @@ _CHUNK_ABOVE = 1 << 20
 def _advertised_host(store: Store, rank: int) -> str:
     """The address peers dial for this rank: ``netif`` decides, given the store's host (or,
     for a file store, that other hosts may share it)."""
-    store_host, shared_file, s = None, False, store
-    while s is not None and store_host is None:
+    store_host, shared_file = None, False
+    for s in store_chain(store):
         store_host = getattr(s, "host", None)
         shared_file = shared_file or bool(getattr(s, "shared_file", False))
-        s = getattr(s, "underlying_store", None)
+        if store_host is not None:
+            break
     return advertised_address(os.environ, store_host or None, rank, shared_file)
 
 

@@ -25,7 +25,7 @@ import weakref
 from datetime import timedelta
 
 from ..errors import DistBackendError, DistNetworkError
-from ..store.base import Store
+from ..store.base import Store, store_chain
 from .base import Mailbox, RecvHandle, Transport, abort_error, deliver_copy, lost_error
 from .pool import GIL_FREE_COPY, PayloadPool, copy_bytes
 
@@ -75,9 +75,8 @@ def _weakrefable(obj: object) -> bool:
 
 def root_store(store: Store) -> Store:
     """The store below any number of ``PrefixStore`` wrappers."""
-    while getattr(store, "underlying_store", None) is not None:
-        store = store.underlying_store  # type: ignore[attr-defined]
-    return store
+    *_, root = store_chain(store)
+    return root
 
 
 def _join(store: Store, rank: int, size: int) -> Hub:
