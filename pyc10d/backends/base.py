@@ -72,8 +72,12 @@ class Options:
         return self._timeout
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "_timeout" and isinstance(value, (int, float)):
-            value = timedelta(seconds=value)
+        if name == "_timeout":
+            if isinstance(value, (int, float)):
+                value = timedelta(seconds=value)
+            # In seconds too: every operation reads it (``Engine.timeout_s``).
+            secs = value.total_seconds() if isinstance(value, timedelta) else None
+            super().__setattr__("_timeout_s", secs)
         super().__setattr__(name, value)
 
 
@@ -153,7 +157,9 @@ class Engine:
 
     @property
     def timeout_s(self) -> float:
-        return self.options._timeout.total_seconds()
+        opts = self.options
+        secs = getattr(opts, "_timeout_s", None)  # ours keep it; an Options of torch's may not
+        return opts._timeout.total_seconds() if secs is None else secs
 
     def _set_default_timeout(self, timeout: timedelta) -> None:
         self.options._timeout = timeout

@@ -42,9 +42,11 @@ class CollectiveOps(Engine):
                   _src: torch.Tensor | None = None) -> Work:
         """``_src`` (pyc10d's functional all_reduce): read the input from ``_src``, a tensor of
         the single output's dtype and size, and write the result to the output only."""
-        tensors = ck.as_list(tensors)
-        opts = opts if opts is not None else AllreduceOptions()
-        red = as_reduce_op(op if op is not None else opts.reduceOp)
+        if tensors.__class__ is not list:
+            tensors = ck.as_list(tensors)
+        if op is None:
+            op = ReduceOp.SUM if opts is None else opts.reduceOp
+        red = as_reduce_op(op)
         ck.check_non_empty("allreduce", tensors)
         if tensors[0].is_sparse if len(tensors) == 1 else any(t.is_sparse for t in tensors):
             ck.check_same("allreduce", tensors)

@@ -77,6 +77,7 @@ class ShmBackend(Backend):
         super().__init__(transport, ranks, rank, group_name, options, owns_transport)
         self.options.backend = "shm"
         self._arena: Arena | None = None
+        self._sc: algo.ShmComm | None = None  # the arena's view, refreshed for each operation
 
     @classmethod
     def create(cls, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ShmBackend:
@@ -85,11 +86,16 @@ class ShmBackend(Backend):
 
     # -- the arena ----------------------------------------------------------------------
     def _shm(self, comm: algo.Comm) -> algo.ShmComm:
+        sc = self._sc
+        if sc is not None and sc.arena is self._arena:  # one operation at a time: reuse it
+            sc.reset(comm.deadline, comm.op, comm.timeout)
+            return sc
         if self._arena is None:
             self._arena = self._open_arena(comm)
             mailbox, key = self.transport.mailbox, self.group_key
             self._arena.poll_error = lambda: mailbox.aborted.get(key)
-        return algo.ShmComm(self._arena, comm.deadline, comm.op, comm.timeout)
+        sc = self._sc = algo.ShmComm(self._arena, comm.deadline, comm.op, comm.timeout)
+        return sc
 
     def _open_arena(self, comm: algo.Comm) -> Arena:
         """Group rank 0 creates the segment and sends its name through the op's channel; the

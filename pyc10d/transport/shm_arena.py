@@ -114,6 +114,8 @@ class Arena:
         #: rank some other way (e.g. an abort message on the transport) ends the wait too
         self.poll_error: Callable[[], BaseException | None] | None = None
         self._typed: dict = {}
+        # Word index of each rank's descriptor, per parity (``_descriptor_word``, computed once).
+        self._desc = [[_descriptor_word(p, parity) for p in range(size)] for parity in (0, 1)]
 
     @staticmethod
     def nbytes(size: int, slot_bytes: int) -> int:
@@ -154,14 +156,25 @@ class Arena:
     def set_descriptor(self, c: int, head: int, nbytes: int) -> None:
         """Publish this rank's descriptor of the operation starting in phase ``c``: two
         64-bit words (what the operation is; its size), compared as integers, no bytes."""
-        i = _descriptor_word(self.rank, c)
+        i = self._desc[c & 1][self.rank]
         words = self._meta_words
         words[i] = head
         words[i + 1] = nbytes
 
     def descriptor(self, p: int, c: int) -> tuple[int, int]:
-        i = _descriptor_word(p, c)
+        i = self._desc[c & 1][p]
         return self._meta_words[i], self._meta_words[i + 1]
+
+    def disagreeing(self, c: int, exact: bool) -> int:
+        """The first rank whose descriptor of phase ``c`` differs from this rank's (only the
+        head when not ``exact``), or -1. Runs once per operation: one loop, no tuples."""
+        words, idx = self._meta_words, self._desc[c & 1]
+        i = idx[self.rank]
+        head, nbytes = words[i], words[i + 1]
+        for p, j in enumerate(idx):
+            if words[j] != head or (exact and words[j + 1] != nbytes):
+                return p
+        return -1
 
     def rows(self, parity: int, dtype: torch.dtype, numel: int) -> list[torch.Tensor]:
         """``[slots(parity, dtype)[p, :numel] for p in ranks]``, cached (small ops repeat)."""
