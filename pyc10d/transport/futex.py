@@ -52,19 +52,25 @@ def wait(addr: int, expected: int, timeout: float) -> None:
     )
 
 
+SEQ_CST = 5  # __ATOMIC_SEQ_CST, the memory order ``exchange`` is called with
+
+
 def _load_exchange():  # noqa: ANN202
-    """``exchange(addr, value)``: an atomic store that is also a full memory barrier (x86
-    ``xchg``), from libatomic; None where libatomic is missing."""
+    """``exchange(addr, value, SEQ_CST)``: an atomic 32-bit store that is also a full memory
+    barrier (x86 ``xchg``), libatomic's ``__atomic_exchange_4`` itself (no Python wrapper; a
+    value over 32 bits is truncated by ctypes); None where libatomic is missing."""
     for name in (ctypes.util.find_library("atomic"), "libatomic.so.1"):
         if not name:
             continue
         try:
-            fn = ctypes.CDLL(name).__atomic_exchange_4
+            # PyDLL: the call keeps the GIL. One instruction never blocks, and releasing and
+            # retaking the GIL around it cost more than the call (it runs once per phase).
+            fn = ctypes.PyDLL(name).__atomic_exchange_4
         except (OSError, AttributeError):
             continue
         fn.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int]
         fn.restype = ctypes.c_uint32
-        return lambda addr, value: fn(addr, value & 0xFFFFFFFF, 5)  # 5: __ATOMIC_SEQ_CST
+        return fn
     return None
 
 

@@ -56,6 +56,7 @@ _ABORT_WORD = 16
 _REASON_OFF = 128
 _REASON_MAX = LINE - _REASON_OFF - 4
 _M = 0xFFFFFFFF
+_SEQ_CST = futex.SEQ_CST
 
 
 def _reached(value: int, c: int) -> bool:
@@ -108,6 +109,7 @@ class Arena:
         self.spin_s, self.yield_spin = default_spin(size)
         self._sleep_i = [(HEADER + p * LINE + 68) // 4 for p in range(size)]
         self._exchange = futex.exchange
+        self._post_addr = seg.address + 4 * self._ctr[rank]  # this rank's counter
         self.cancelled: BaseException | None = None
         self.timeout = 0.0  # of the current operation, for messages
         #: optional ``() -> error or None``, polled while sleeping: a failure reported to this
@@ -196,17 +198,17 @@ class Arena:
         return c
 
     def post(self, c: int) -> None:
-        i = self._ctr[self.rank]
         self.phase = c
+        addr = self._post_addr
         if self._exchange is None:
-            self.words[i] = c & _M
-            futex.wake(self.seg.address + 4 * i)
+            self.words[self._ctr[self.rank]] = c & _M
+            futex.wake(addr)
             return
-        self._exchange(self.seg.address + 4 * i, c)
+        self._exchange(addr, c, _SEQ_CST)
         words, me = self.words, self.rank + 1
         for j in self._sleep_i:
             if words[j] == me:
-                futex.wake(self.seg.address + 4 * i)
+                futex.wake(addr)
                 return
 
     def wait_all(self, c: int, deadline: float, op: str) -> None:
@@ -253,7 +255,7 @@ class Arena:
         addr = self.seg.address + 4 * i
         flag = self.seg.address + 4 * self._sleep_i[self.rank]
         if self._exchange is not None:
-            self._exchange(flag, p + 1)
+            self._exchange(flag, p + 1, _SEQ_CST)
         try:
             self._sleep_loop(p, c, deadline, op, addr)
         finally:
