@@ -103,8 +103,14 @@ def time_op(dist: ModuleType, op: Op, k: int, reps: int, mode: str) -> tuple[lis
     ``loop`` (the default, as training code calls collectives and nccl-tests times them):
     ``barrier(); t0; K ops back to back; (t1 - t0) / K``: ranks drifting apart costs what it
     costs. ``barrier``: a barrier before every op, each op timed alone (a second figure).
+
+    One untimed loop of K ops first (nccl-tests' warm-up iterations), for every backend: with
+    a single warm-up call the first size of a job could read far above the next one while the
+    job's ranks settled (shm all_reduce, n=2, two runs: 8 B 17.9 and 23.6 us, 32 B 14.5 and
+    13.9 us; with the loop, 14.0 / 13.9 and 14.2 / 13.9).
     """
-    op.run(0)  # warm-up
+    for i in range(k):  # warm-up; ``reset`` below restores the inputs
+        op.run(i)
     times = torch.empty(reps, dtype=torch.float64)
     ok = True
     for r in range(reps):
