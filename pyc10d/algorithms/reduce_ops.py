@@ -33,31 +33,31 @@ def check_op(op: ReduceOp, dtype: torch.dtype, opname: str) -> None:
         _CHECKED.add(key)
 
 
+# The elementwise kernel of each reduction, out of place: (any dtype but bool, bool). AVG and
+# PREMUL_SUM sum here (``finish`` divides; ``premultiply`` scaled the input before). A table,
+# not an if chain: on an 8-byte all_reduce the chain cost as much as the kernel's dispatch.
+_KERNELS = {
+    RedOpType.SUM: (torch.add, torch.logical_or), RedOpType.AVG: (torch.add, torch.logical_or),
+    RedOpType.PREMUL_SUM: (torch.add, torch.logical_or),
+    RedOpType.PRODUCT: (torch.mul, torch.logical_and),
+    RedOpType.MIN: (torch.minimum, torch.minimum), RedOpType.MAX: (torch.maximum, torch.maximum),
+    RedOpType.BAND: (torch.bitwise_and, torch.bitwise_and),
+    RedOpType.BOR: (torch.bitwise_or, torch.bitwise_or),
+    RedOpType.BXOR: (torch.bitwise_xor, torch.bitwise_xor),
+}
+
+
+def reduce_pair(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: ReduceOp) -> None:
+    """``out = a (op) b`` elementwise; ``out`` may be ``a``."""
+    kernels = _KERNELS.get(op.op)
+    if kernels is None:
+        raise ValueError(f"unsupported reduction operation {op!r}")
+    kernels[out.dtype is torch.bool](a, b, out=out)
+
+
 def reduce_into(acc: torch.Tensor, other: torch.Tensor, op: ReduceOp) -> None:
     """``acc = acc (op) other`` elementwise. AVG and PREMUL_SUM accumulate as sums."""
-    t = op.op
-    if t in (RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM):
-        if acc.dtype == torch.bool:
-            acc.logical_or_(other)
-        else:
-            acc.add_(other)
-    elif t == RedOpType.PRODUCT:
-        if acc.dtype == torch.bool:
-            acc.logical_and_(other)
-        else:
-            acc.mul_(other)
-    elif t == RedOpType.MIN:
-        torch.minimum(acc, other, out=acc)
-    elif t == RedOpType.MAX:
-        torch.maximum(acc, other, out=acc)
-    elif t == RedOpType.BAND:
-        acc.bitwise_and_(other)
-    elif t == RedOpType.BOR:
-        acc.bitwise_or_(other)
-    elif t == RedOpType.BXOR:
-        acc.bitwise_xor_(other)
-    else:
-        raise ValueError(f"unsupported reduction operation {op!r}")
+    reduce_pair(acc, acc, other, op)
 
 
 def premultiply(t: torch.Tensor, op: ReduceOp) -> torch.Tensor:

@@ -16,7 +16,7 @@ from ..errors import DistBackendError
 from ..transport.shm_arena import Arena
 from ..types import RedOpType, ReduceOp
 from .comm import dtype_code, dtype_name
-from .reduce_ops import reduce_into
+from .reduce_ops import reduce_into, reduce_pair
 
 OPCODES = {"allreduce": 1, "reduce": 2, "broadcast": 3, "allgather": 4, "reduce_scatter": 5,
            "alltoall": 6, "barrier": 7, "allreduce_symmetric": 8}
@@ -129,26 +129,9 @@ def reduce_many(out: torch.Tensor, xs: list[torch.Tensor], op: ReduceOp) -> None
         if out.data_ptr() != xs[0].data_ptr():
             out.copy_(xs[0])
         return
-    kernels = _PAIR.get(op.op)
-    if kernels is None:
-        raise ValueError(f"unsupported reduction operation {op!r}")
-    kernels[out.dtype is torch.bool](xs[0], xs[1], out=out)
+    reduce_pair(out, xs[0], xs[1], op)
     for x in xs[2:]:
         reduce_into(out, x, op)
-
-
-# The out-of-place kernel of each reduction: (any dtype but bool, bool). AVG and PREMUL_SUM
-# sum here (``finish`` divides; the premultiplication happened before). A table, not an if
-# chain: on an 8-byte all_reduce the chain cost as much as the kernel's own dispatch.
-_PAIR = {
-    RedOpType.SUM: (torch.add, torch.logical_or), RedOpType.AVG: (torch.add, torch.logical_or),
-    RedOpType.PREMUL_SUM: (torch.add, torch.logical_or),
-    RedOpType.PRODUCT: (torch.mul, torch.logical_and),
-    RedOpType.MIN: (torch.minimum, torch.minimum), RedOpType.MAX: (torch.maximum, torch.maximum),
-    RedOpType.BAND: (torch.bitwise_and, torch.bitwise_and),
-    RedOpType.BOR: (torch.bitwise_or, torch.bitwise_or),
-    RedOpType.BXOR: (torch.bitwise_xor, torch.bitwise_xor),
-}
 
 
 def nbytes_of(t: torch.Tensor) -> int:
