@@ -76,7 +76,7 @@ class FlightRecorder:
         slot = seq & self.mask
         self.ops[slot] = (seq, opname, None, None, 0 if t is None else t.numel(), None if t is None else t.dtype,
                           issued)
-        self.started[slot] = -issued if issued < 0 else 0.0
+        self.started[slot] = 0.0  # (one that started at issue says so in ``issued``)
         return slot
 
     def entries(self) -> list[dict[str, Any]]:
