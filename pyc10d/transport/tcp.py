@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import struct
 import threading
@@ -407,7 +408,21 @@ class TCPTransport(FramedTransport):
     def _receive_loop(self, peer: int, sock: socket.socket, unanswered: bool) -> None:
         if unanswered and not self._answered(peer, sock):
             return
-        self._pump(peer, lambda view, _payload: _recv_exact(sock, view))
+        # Between messages the thread waits in poll() for data only. Blocked in recv()
+        # instead, it would also wake (and go back to sleep) every time the kernel frees send
+        # buffer space on this socket, which a sender blocked on it waits for: measured, 4
+        # ranks on 2 cores, all_reduce 64 MiB, ~190 such wake-ups per call on the receiver of
+        # each rank's right-hand connection, which carries nothing that way, and 3-4 ms of
+        # system time per call in it.
+        idle = select.poll()
+        idle.register(sock, select.POLLIN)
+
+        def read(view: memoryview, payload: bool) -> None:
+            if not payload:
+                idle.poll()
+            _recv_exact(sock, view)
+
+        self._pump(peer, read)
 
     def _answered(self, peer: int, sock: socket.socket) -> bool:
         """Read the peer's answer to this rank's dial; anything but ``ACCEPTED`` loses it."""
