@@ -42,8 +42,7 @@ class CollectiveOps(Engine):
                   _src: torch.Tensor | None = None) -> Work:
         """``_src`` (pyc10d's functional all_reduce): read the input from ``_src``, a tensor of
         the single output's dtype and size, and write the result to the output only."""
-        if tensors.__class__ is not list:
-            tensors = ck.as_list(tensors)
+        tensors = ck.as_list(tensors)  # a copy: a queued operation must not see the caller's edits
         if op is None:
             op = ReduceOp.SUM if opts is None else opts.reduceOp
         red = as_reduce_op(op)

@@ -338,3 +338,31 @@ class InitTest(TestCase):
                 dist.all_reduce(t)
 
         run(self)
+
+
+class QueuedInputTest(TestCase):
+    def test_queued_allreduce_reduces_the_tensors_of_the_list_given_at_issue(self) -> None:
+        """``ProcessGroup.allreduce(list)`` queued behind another operation: replacing an
+        entry of the caller's list afterwards must not change what it reduces (the engine
+        keeps its own copy of the list, as torch copies the vector)."""
+        issued = threading.Event()
+
+        @spawn_threads_and_init_comms(world_size=2, timeout=20)
+        def run(self: TestCase) -> None:
+            pg = dist.group.WORLD
+            rank = dist.get_rank()
+            first, given, other = torch.ones(4), torch.full((4,), rank + 1.0), torch.zeros(4)
+            if rank == 1:
+                assert issued.wait(10), "rank 0 never issued"
+            ahead = pg.allreduce([first])  # rank 0: waits for rank 1, holding up the next one
+            ts = [given]
+            queued = pg.allreduce(ts)
+            if rank == 0:
+                ts[0] = other
+                issued.set()
+            ahead.wait()
+            queued.wait()
+            self.assertEqual(given.tolist(), [3.0] * 4)
+            self.assertEqual(other.tolist(), [0.0] * 4)
+
+        run(self)
