@@ -21,6 +21,7 @@ from .collectives import (
     all_gather,
     all_gather_coalesced,
     all_gather_into_tensor,
+    all_gather_single,
     all_reduce,
     all_reduce_coalesced,
     all_to_all,
@@ -31,8 +32,10 @@ from .collectives import (
     monitored_barrier,
     reduce,
     reduce_scatter,
+    reduce_scatter_single,
     reduce_scatter_tensor,
     scatter,
+    supports_complex,
 )
 from .constants import default_pg_timeout, reduce_op
 from .device_mesh import DeviceMesh, init_device_mesh
@@ -46,6 +49,8 @@ from .groups import (
     abort_process_group,
     destroy_process_group,
     get_backend,
+    get_backend_config,
+    get_default_backend_for_device,
     get_global_rank,
     get_group_rank,
     get_node_local_rank,
@@ -55,6 +60,7 @@ from .groups import (
     get_world_size,
     init_process_group,
     is_available,
+    is_backend_available,
     is_gloo_available,
     is_initialized,
     is_mpi_available,
@@ -64,16 +70,20 @@ from .groups import (
     new_group,
     new_subgroups,
     new_subgroups_by_enumeration,
+    split_group,
 )
 from .nn import _DEFAULT_FIRST_BUCKET_BYTES, GradBucket, Reducer, _compute_bucket_assignment_by_size
 from .object_collectives import (
     all_gather_object,
     broadcast_object_list,
     gather_object,
+    recv_object_list,
     scatter_object_list,
+    send_object_list,
 )
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .process_group import Backend, ProcessGroup, ProcessGroupGloo, _round_robin_process_groups
+from .rendezvous import register_rendezvous_handler
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore
 from .types import (
     AllgatherOptions,
@@ -113,4 +123,7 @@ __all__ = [
     "_all_gather_base", "_broadcast_coalesced", "_get_default_group", "_get_default_store",
     "_make_premul_sum", "_new_group_with_tag", "_rank_not_in_group", "_reduce_scatter_base",
     "_round_robin_process_groups", "constants", "default_pg_timeout", "reduce_op",
+    "all_gather_single", "reduce_scatter_single", "supports_complex", "get_backend_config",
+    "get_default_backend_for_device", "is_backend_available", "split_group", "send_object_list",
+    "recv_object_list", "register_rendezvous_handler",
 ]

@@ -40,10 +40,16 @@ __all__ = [
     "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
     "all_gather_into_tensor", "_all_gather_base", "all_gather_coalesced", "gather", "scatter",
     "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all_single",
-    "all_to_all", "barrier", "monitored_barrier", "_broadcast_coalesced",
+    "all_to_all", "barrier", "monitored_barrier", "_broadcast_coalesced", "all_gather_single",
+    "reduce_scatter_single", "supports_complex",
 ]
 
 _COMPLEX_OK = (RedOpType.SUM, RedOpType.AVG, RedOpType.PREMUL_SUM)
+
+
+def supports_complex(reduceOp: Any) -> bool:  # noqa: N803 - torch's name
+    """Whether ``reduceOp`` reduces complex tensors (elementwise on their real view)."""
+    return as_reduce_op(reduceOp).op in _COMPLEX_OK
 
 
 def _complex_view(t: torch.Tensor, op: ReduceOp, opname: str) -> torch.Tensor:
@@ -123,6 +129,7 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
 
 
 _all_gather_base = all_gather_into_tensor
+all_gather_single = all_gather_into_tensor  # torch 2.13's name for it
 
 
 def all_gather_coalesced(output_tensor_lists: list[list[torch.Tensor]], input_tensor_list: list[torch.Tensor],
@@ -208,6 +215,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = R
 
 
 _reduce_scatter_base = reduce_scatter_tensor
+reduce_scatter_single = reduce_scatter_tensor  # torch 2.13's name for it
 
 
 def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None = None,

@@ -8,6 +8,8 @@ import warnings
 from datetime import timedelta
 from typing import Any
 
+import torch
+
 from .backends import Backend as Engine
 from .backends import Options
 from .launch_env import local_rank as _launcher_local_rank
@@ -24,7 +26,8 @@ __all__ = [
     "_get_default_store", "_rank_not_in_group", "_get_group_tag", "_find_pg_by_ranks_and_tag",
     "_find_or_create_pg_by_ranks_and_tag", "is_available", "is_gloo_available",
     "is_nccl_available", "is_mpi_available", "is_torchelastic_launched", "get_pg_count",
-    "get_node_local_rank",
+    "get_node_local_rank", "split_group", "get_backend_config", "is_backend_available",
+    "get_default_backend_for_device",
 ]
 
 
@@ -46,6 +49,29 @@ def is_mpi_available() -> bool:
 
 def is_ucc_available() -> bool:
     return False
+
+
+def is_backend_available(backend: str) -> bool:
+    """``backend`` names one ``init_process_group`` can build here: a built-in one (``gloo``
+    is ``tcp``), ``auto``/``undefined`` (the default), or a registered plugin."""
+    key = str(backend).lower()
+    return key in Backend.backend_list or key in Backend._plugins
+
+
+def get_default_backend_for_device(device: str | torch.device) -> str:
+    """The backend ``init_process_group`` uses for ``device`` when given none: ``auto`` for
+    CPU and CUDA tensors alike (a CUDA tensor is staged through host memory)."""
+    kind = torch.device(device).type  # a malformed name raises here, as in torch
+    try:
+        return Backend.default_device_backend_map[kind]
+    except KeyError:
+        raise ValueError(f"Default backend not registered for device : {device}") from None
+
+
+def get_backend_config(group: Any = None) -> str:
+    """``"cpu:<backend>,cuda:<backend>"`` (torch's spelling): one engine serves both."""
+    name = get_backend(group)
+    return f"cpu:{name},cuda:{name}"
 
 
 def is_torchelastic_launched() -> bool:
@@ -202,17 +228,26 @@ def _new_group_with_tag(
     else:
         name = str(world.group_count)
         world.group_count += 1
-    if timeout is None:
-        timeout = getattr(pg_options, "_timeout", None) or world.timeout
-    timeout = _as_timeout(timeout)
     backend_name = str(backend).lower() if backend else world.backend_name
     tag = user_tag or f"ptd:{name}"
     if global_rank not in ranks:
         sentinel = NonGroupMember()
         world.register(sentinel, name, ranks, backend_name, tag)
         return sentinel  # equal to GroupMember.NON_GROUP_MEMBER, registered with its ranks
-    group_rank = ranks.index(global_rank)
-    world_engine = default._get_backend()
+    return _make_group(ranks, name, backend_name, timeout, pg_options, group_desc, tag)
+
+
+def _make_group(ranks: list[int], name: str, backend_name: str, timeout: timedelta | None, pg_options: Any,
+                group_desc: str | None, tag: str) -> ProcessGroup:
+    """Build and register the group of the global ``ranks``, this rank among them. Only its
+    members take part: on the world's backend the engine derives from the world's (no new
+    connection), on another one it rendezvouses under the group's name."""
+    world = current_world()
+    if timeout is None:
+        timeout = getattr(pg_options, "_timeout", None) or world.timeout
+    timeout = _as_timeout(timeout)
+    group_rank = ranks.index(_get_default_group().rank())
+    world_engine = _get_default_group()._get_backend()
     if isinstance(world_engine, Engine) and Backend.resolve(backend_name) == Backend.resolve(world.backend_name):
         options = Options(timeout)
         engine = world_engine.derive(ranks, group_rank, name, options)
@@ -230,6 +265,53 @@ def _new_group_with_tag(
     _watch(engine, world.default_store)
     world.register(pg, name, ranks, backend_name, tag)
     return pg
+
+
+def split_group(
+    parent_pg: ProcessGroup | None = None,
+    split_ranks: list[list[int]] | None = None,
+    timeout: timedelta | None = None,
+    pg_options: Any = None,
+    group_desc: str | None = None,
+    backend: str | None = None,
+) -> ProcessGroup | None:
+    """Split ``parent_pg`` (default: the world) into the disjoint groups ``split_ranks``,
+    lists of ranks *of the parent*. Every member of the parent calls it with the same
+    splits; a rank gets the group of its split, or None when it is in none.
+
+    torch does this for NCCL only (a communicator split); here every backend can, at no
+    cost in messages: each member derives its group from the world's engine, and the name
+    (which keys the group's channels on shared connections) comes from the parent's name
+    and how many splits of that parent came before, which all its members count alike.
+    """
+    world = current_world()
+    parent = _resolve(parent_pg)
+    if _rank_not_in_group(parent) or parent not in world.pg_names:
+        raise ValueError("split_group: this rank is not a member of parent_pg")
+    if split_ranks is None:
+        raise ValueError("split_group: split_ranks must be given (a list of lists of the parent's ranks)")
+    size, seen = parent.size(), set()
+    for split in split_ranks:
+        for r in split:
+            if not 0 <= r < size:
+                raise ValueError(f"split_group: rank {r} of {split_ranks} is not a rank of the parent "
+                                 f"group (size {size})")
+            if r in seen:
+                raise ValueError(f"split_group: rank {r} is in more than one split of {split_ranks}")
+            seen.add(r)
+    parent_backend = world.pg_backend.get(parent, world.backend_name or "undefined")
+    if backend is not None and Backend.resolve(backend) != Backend.resolve(parent_backend):
+        raise ValueError(f"split_group: backend {backend!r} is not the parent group's ({parent_backend})")
+    parent_name = world.pg_names[parent]
+    count = world.split_counts.get(parent_name, 0)
+    world.split_counts[parent_name] = count + 1
+    me = parent.rank()
+    index, mine = next(((i, sorted(s)) for i, s in enumerate(split_ranks) if me in s), (-1, None))
+    if mine is None:
+        return None
+    ranks = [get_global_rank(parent, r) for r in mine]
+    name = f"{parent_name}.split{count}.{index}"
+    return _make_group(ranks, name, parent_backend, timeout, pg_options, group_desc, f"ptd:{name}")
 
 
 def _watch(engine: Any, store: Store) -> None:

@@ -1,7 +1,8 @@
-"""Object collectives: the one place pyc10d pickles (user objects, never tensor payloads).
+"""Object collectives and object point-to-point: the one place pyc10d pickles (user
+objects, never tensor payloads).
 
-Each object is pickled to a uint8 tensor; sizes travel first (one all_gather of int64),
-then the padded bytes, so every rank knows how much to read.
+Each object is pickled to a uint8 tensor; sizes travel first (an all_gather, broadcast or
+send of int64), then the bytes, so every receiver knows how much to read.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from typing import Any
 import torch
 
 from . import collectives as C
+from . import p2p as P
 from ._preamble import group_or_warn, group_rank
 
-__all__ = ["all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list"]
+__all__ = ["all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
+           "send_object_list", "recv_object_list"]
 
 
 def _to_tensor(obj: Any) -> torch.Tensor:
@@ -121,3 +124,44 @@ def scatter_object_list(scatter_object_output_list: list[Any], scatter_object_in
     C.scatter(out, padded, group=pg, group_src=root)
     C.scatter(size, sizes, group=pg, group_src=root)
     scatter_object_output_list[0] = _from_tensor(out, int(size))
+
+
+def send_object_list(object_list: list[Any], dst: int | None = None, group: Any = None, device: Any = None,
+                     group_dst: int | None = None, use_batch: bool = False) -> None:
+    """Send the objects to one rank, whose ``recv_object_list`` holds as many slots: their
+    sizes (an int64 each), then their pickles back to back, as two sends.
+
+    ``device`` and ``use_batch`` change nothing here: the pickles are bytes on the host
+    either way (a CUDA tensor would be staged through it), and every send already goes over
+    the group's own connections (torch's ``use_batch`` avoids making 2-rank communicators).
+    """
+    pg = group_or_warn(group, "send_object_list")
+    if pg is None:
+        return
+    tensors = [_to_tensor(o) for o in object_list]
+    sizes = torch.tensor([t.numel() for t in tensors], dtype=torch.int64)
+    payload = torch.cat(tensors) if tensors else torch.empty(0, dtype=torch.uint8)
+    P.send(sizes, dst, group=pg, group_dst=group_dst)
+    P.send(payload, dst, group=pg, group_dst=group_dst)
+
+
+def recv_object_list(object_list: list[Any], src: int | None = None, group: Any = None, device: Any = None,
+                     group_src: int | None = None, use_batch: bool = False) -> int:
+    """Fill ``object_list`` with the objects one rank sent with ``send_object_list`` (from
+    any rank when neither ``src`` nor ``group_src`` is given); return the sender's global
+    rank, -1 on a rank outside ``group``. The list must have as many slots as were sent."""
+    pg = group_or_warn(group, "recv_object_list")
+    if pg is None:
+        return -1
+    sizes = torch.empty(len(object_list), dtype=torch.int64)
+    if src is None and group_src is None:
+        sender = P.recv(sizes, group=pg)
+    else:
+        sender = P.recv(sizes, src, group=pg, group_src=group_src)
+    payload = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+    P.recv(payload, sender, group=pg)  # the same sender's second message
+    offset = 0
+    for i, size in enumerate(sizes.tolist()):
+        object_list[i] = _from_tensor(payload[offset:offset + size], size)
+        offset += size
+    return sender

@@ -18,9 +18,9 @@ def _peer(pg: Any, peer: int | None, group_peer: int | None, what: str, opname: 
         raise ValueError(f"{opname}: {what} must be given")
     r = group_rank(pg, peer, group_peer, what)
     if r == pg.rank():
+        which = "destination" if what == "dst" else "source"  # torch's words
         raise ValueError(
-            f"Invalid {'destination' if what == 'dst' else 'source'} rank: {what} rank should not be the "
-            "same as the rank of the current process."
+            f"Invalid {which} rank: {which} rank should not be the same as the rank of the current process."
         )
     return r
 

@@ -40,7 +40,7 @@ class Backend(str):
     MPI = "mpi"
     _plugins: dict[str, Callable[..., Any]] = {}
     backend_list = ["undefined", "tcp", "gloo"]
-    default_device_backend_map = {"cpu": "tcp"}
+    default_device_backend_map = {"cpu": "auto", "cuda": "auto"}
     _aliases = {"gloo": "tcp"}
 
     def __new__(cls, name: str) -> Backend:

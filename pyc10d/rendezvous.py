@@ -7,14 +7,18 @@
 - ``tcp://host:port``: a TCPStore; rank 0 hosts it.
 - ``file:///path``: a FileStore on a shared file.
 Query parameters (``?rank=1&world_size=2``) override, as in torch.
+- any other scheme registered with ``register_rendezvous_handler`` (torch's contract: a
+  generator ``handler(url, timeout=...)`` yielding ``(store, rank, world_size)``).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
-from urllib.parse import parse_qs, urlparse
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlparse
 
 from .errors import DistTimeoutError
 from .launch_env import LaunchEnv, detect
@@ -22,6 +26,25 @@ from .store import FileStore, Store, TCPStore
 from .store.torch_tcp import TorchTCPStore
 
 _JOINED, _ALL_JOINED = "pyc10d/launch/joined", "pyc10d/launch/all_joined"
+_BUILT_IN = ("env", "tcp", "file")
+_HANDLERS: dict[str, Callable[..., Iterator[tuple[Store, int, int]]]] = {}
+
+
+def register_rendezvous_handler(scheme: str, handler: Callable[..., Iterator[tuple[Store, int, int]]]) -> None:
+    """Let ``init_method="<scheme>://..."`` rendezvous through ``handler``, as torch's does:
+    it is called as ``handler(url, timeout=timeout)`` (the url's query carries ``rank`` and
+    ``world_size`` when the caller gave them) and must yield ``(store, rank, world_size)``."""
+    if scheme in _BUILT_IN or scheme in _HANDLERS:
+        raise RuntimeError(f"Rendezvous handler for {scheme}:// already registered")
+    _HANDLERS[scheme] = handler
+
+
+def _custom(url: Any, rank: int, world_size: int, timeout: timedelta) -> tuple[Store, int, int]:
+    """Rendezvous through a registered handler, rank and world size added to the query."""
+    extra = {k: v for k, v in (("rank", rank), ("world_size", world_size)) if v != -1}
+    query = "&".join(q for q in (url.query, urlencode(extra)) if q)
+    store, rank, world_size = next(_HANDLERS[url.scheme](url._replace(query=query).geturl(), timeout=timeout))
+    return store, rank, world_size
 
 
 def _port_file_store(info: LaunchEnv, timeout: timedelta) -> TCPStore:
@@ -74,6 +97,8 @@ def _port_file_store(info: LaunchEnv, timeout: timedelta) -> TCPStore:
 
 def rendezvous(init_method: str, rank: int, world_size: int, timeout: timedelta) -> tuple[Store, int, int]:
     url = urlparse(init_method)
+    if url.scheme in _HANDLERS:
+        return _custom(url, rank, world_size, timeout)
     query = {k: v[-1] for k, v in parse_qs(url.query).items()}
     if "rank" in query:
         rank = int(query["rank"])
@@ -102,4 +127,5 @@ def rendezvous(init_method: str, rank: int, world_size: int, timeout: timedelta)
         store = FileStore(url.path, world_size)
         store.set_timeout(timeout)
         return store, rank, world_size
-    raise ValueError(f"unsupported init_method {init_method!r}: use env://, tcp://host:port or file:///path")
+    raise ValueError(f"unsupported init_method {init_method!r}: use env://, tcp://host:port, file:///path "
+                     f"or a scheme registered with register_rendezvous_handler")

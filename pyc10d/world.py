@@ -62,6 +62,7 @@ class World:
         self.pg_tags: dict[Any, str] = {}
         self.tags_to_pg: dict[str, list[Any]] = {}
         self.group_count = 0
+        self.split_counts: dict[str, int] = {}  # split_group calls per parent group name
         self.timeout: Any = None
         self.warned: set[str] = set()
 
