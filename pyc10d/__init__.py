@@ -39,7 +39,14 @@ from .collectives import (
 )
 from .constants import default_pg_timeout, reduce_op
 from .device_mesh import DeviceMesh, init_device_mesh
-from .errors import DistBackendError, DistError, DistNetworkError, DistStoreError, DistTimeoutError
+from .errors import (
+    DistBackendError,
+    DistError,
+    DistNetworkError,
+    DistStoreError,
+    DistTimeoutError,
+    QueueEmptyError,
+)
 from .groups import (
     _abort_process_group,
     _get_default_group,
@@ -125,5 +132,5 @@ __all__ = [
     "_round_robin_process_groups", "constants", "default_pg_timeout", "reduce_op",
     "all_gather_single", "reduce_scatter_single", "supports_complex", "get_backend_config",
     "get_default_backend_for_device", "is_backend_available", "split_group", "send_object_list",
-    "recv_object_list", "register_rendezvous_handler",
+    "recv_object_list", "register_rendezvous_handler", "QueueEmptyError",
 ]

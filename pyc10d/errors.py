@@ -16,6 +16,10 @@ class DistStoreError(DistError):
     """A store operation failed (bad key, server gone, ...)."""
 
 
+class QueueEmptyError(DistStoreError):
+    """``queue_pop(key, block=False)`` found the queue empty."""
+
+
 class DistTimeoutError(DistError, TimeoutError):
     """A blocking call waited longer than its timeout. The message says what was awaited."""
 

@@ -28,7 +28,7 @@ ABSENT = {
     # checks always run (TORCH_DISTRIBUTED_DEBUG=DETAIL's consistency checks are its default)
     "breakpoint", "record_comm",  # pdb on one rank; profiler titles of NCCL/Gloo works
     "shrink_group",  # NCCL's ncclCommShrink; survivors re-initialise (abort_process_group)
-    "is_xccl_available", "QueueEmptyError",  # Intel GPUs; the store's queue API
+    "is_xccl_available",  # Intel GPUs
     "GroupName", "RankType",  # type aliases
     "log", "timedelta",  # names torch.distributed imports for itself
 }

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from ..errors import DistStoreError, DistTimeoutError
+from ..errors import DistStoreError, DistTimeoutError, QueueEmptyError
 from ..types import DEFAULT_TIMEOUT
 
 # torch's Store::kDefaultTimeout: concrete stores default to 300 s, not the 30 min PG default.
@@ -112,3 +112,38 @@ class Store(ABC):
 
     def has_extended_api(self) -> bool:
         return False
+
+    def list_keys(self) -> list[str]:
+        """Every key set (queues not included)."""
+        raise NotImplementedError(f"{type(self).__name__}.list_keys")
+
+    # Queues, as torch's: a queue lives beside the keys under its own name (``set`` and
+    # ``get`` do not see it); ``check`` and ``wait`` count a non-empty queue as present.
+    def queue_push(self, key: str, value: str | bytes) -> None:
+        raise NotImplementedError("queue support is not implemented.")
+
+    def queue_pop(self, key: str, block: bool = True) -> bytes:
+        """The oldest value of the queue: waited for up to the store's timeout, or, with
+        ``block=False``, ``QueueEmptyError`` when there is none."""
+        raise NotImplementedError("queue support is not implemented.")
+
+    def queue_len(self, key: str) -> int:
+        raise NotImplementedError("queue support is not implemented.")
+
+    def barrier(self, key: str, world_size: int, timeout: timedelta | None = None) -> None:
+        """Return once ``world_size`` callers have entered the barrier ``key`` (one use per
+        key); a timeout says how many had."""
+        arrived = self.add(f"{key}/num_members", 1)
+        if arrived == world_size:
+            self.set(f"{key}/last_member", b"1")
+        limit = resolve_timeout(self.timeout, timeout)
+        try:
+            self.wait([f"{key}/last_member"], limit)
+        except DistTimeoutError as e:
+            now = self.add(f"{key}/num_members", 0)
+            raise StoreTimeoutError(f"store barrier {key!r}: {now} of {world_size} workers arrived "
+                                    f"within {limit.total_seconds():g} s") from e
+
+
+def queue_empty() -> QueueEmptyError:
+    return QueueEmptyError("queue is empty")

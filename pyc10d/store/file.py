@@ -193,6 +193,10 @@ class FileStore(Store):
             self._write(fd, _record(_DEL, "/" + key))
             return True
 
+    def list_keys(self) -> list[str]:
+        with self._lock, self._locked(False):
+            return [k[1:] for k in self._cache if k.startswith("/")]
+
     def num_keys(self) -> int:
         """All keys in the file, the reference-count key included (torch counts it too)."""
         with self._lock, self._locked(False):

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from datetime import timedelta
 
 from ..errors import DistStoreError
 from .base import (
     STORE_DEFAULT_TIMEOUT,
     Store,
+    queue_empty,
     resolve_timeout,
     timeout_seconds,
     to_bytes,
@@ -27,21 +30,28 @@ class HashStore(Store):
     def __init__(self) -> None:
         super().__init__(STORE_DEFAULT_TIMEOUT)
         self._data: dict[str, bytes] = {}
+        self._queues: dict[str, deque[bytes]] = {}
         self._cond = threading.Condition()
 
-    def _wait_locked(self, keys: list[str], timeout: timedelta) -> None:
-        """Block (holding the condition) until every key exists or the timeout expires."""
+    def _wait_locked(self, keys: list[str], timeout: timedelta,
+                     present: Callable[[str], bool] | None = None) -> None:
+        """Block (holding the condition) until ``present`` holds for every key (default: the
+        key is set) or the timeout expires."""
+        if present is None:
+            present = self._data.__contains__
         secs = timeout_seconds(timeout)
         deadline = None if secs is None else time.monotonic() + secs
-        data = self._data
-        while not all(k in data for k in keys):
+        while not all(present(k) for k in keys):
             if deadline is None:
                 self._cond.wait()
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
-                raise wait_timeout_error([k for k in keys if k not in data], timeout)
+                raise wait_timeout_error([k for k in keys if not present(k)], timeout)
             self._cond.wait(left)
+
+    def _set_or_queued(self, key: str) -> bool:
+        return key in self._data or bool(self._queues.get(key))
 
     def set(self, key: str, value: str | bytes) -> None:
         with self._cond:
@@ -80,11 +90,36 @@ class HashStore(Store):
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
         with self._cond:
-            self._wait_locked(list(keys), resolve_timeout(self._timeout, timeout))
+            self._wait_locked(list(keys), resolve_timeout(self._timeout, timeout), self._set_or_queued)
 
     def check(self, keys: list[str]) -> bool:
         with self._cond:
-            return all(k in self._data for k in keys)
+            return all(self._set_or_queued(k) for k in keys)
+
+    def list_keys(self) -> list[str]:
+        with self._cond:
+            return list(self._data)
+
+    def queue_push(self, key: str, value: str | bytes) -> None:
+        with self._cond:
+            self._queues.setdefault(key, deque()).append(to_bytes(value))
+            self._cond.notify_all()
+
+    def queue_pop(self, key: str, block: bool = True) -> bytes:
+        with self._cond:
+            if block:
+                self._wait_locked([key], self._timeout, lambda k: bool(self._queues.get(k)))
+            queue = self._queues.get(key)
+            if not queue:
+                raise queue_empty()
+            value = queue.popleft()
+            if not queue:
+                del self._queues[key]
+            return value
+
+    def queue_len(self, key: str) -> int:
+        with self._cond:
+            return len(self._queues.get(key, ()))
 
     def delete_key(self, key: str) -> bool:
         with self._cond:

@@ -96,6 +96,19 @@ class PrefixStore(Store):
             # compare_set hands back ``expected`` only when the key is missing.
             current = b"" if got == current else got
 
+    def list_keys(self) -> list[str]:
+        head = self._k("")
+        return [k[len(head):] for k in self._store.list_keys() if k.startswith(head)]
+
+    def queue_push(self, key: str, value: str | bytes) -> None:
+        self._store.queue_push(self._k(key), value)
+
+    def queue_pop(self, key: str, block: bool = True) -> bytes:
+        return self._store.queue_pop(self._k(key), block)
+
+    def queue_len(self, key: str) -> int:
+        return self._store.queue_len(self._k(key))
+
     def has_extended_api(self) -> bool:
         return self._store.has_extended_api()
 

@@ -22,6 +22,7 @@ from . import wire
 from .base import (
     Store,
     StoreTimeoutError,
+    queue_empty,
     resolve_timeout,
     timeout_seconds,
     to_bytes,
@@ -275,6 +276,24 @@ class TCPStore(Store):
 
     def has_extended_api(self) -> bool:
         return True
+
+    def list_keys(self) -> list[str]:
+        """The keys users set (not the server's own count of joined workers)."""
+        listing = wire.unpack_list(self._ok(wire.LIST, [])[0])
+        return [k[1:].decode(errors="replace") for k in listing if k.startswith(b"/")]
+
+    def queue_push(self, key: str, value: str | bytes) -> None:
+        self._ok(wire.QPUSH, [_k(key), to_bytes(value)])
+
+    def queue_pop(self, key: str, block: bool = True) -> bytes:
+        secs = timeout_seconds(self._timeout)
+        status, out = self._call(wire.QPOP, [_ms(secs) if block else b"0", _k(key)], secs)
+        if status == wire.TIMEOUT:
+            raise wait_timeout_error(["/" + key], self._timeout) if block else queue_empty()
+        return out[0]
+
+    def queue_len(self, key: str) -> int:
+        return int(self._ok(wire.QLEN, [_k(key)])[0])
 
     def clone(self) -> TCPStore:
         """A new client connection to the same server."""

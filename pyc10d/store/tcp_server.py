@@ -28,6 +28,7 @@ import selectors
 import socket
 import threading
 import time
+from collections import deque
 from typing import Any
 
 from .. import auth
@@ -88,6 +89,7 @@ class Server:
         self.port: int = listener.getsockname()[1]
         self.refs = 1
         self._data: dict[bytes, bytes] = {}
+        self._queues: dict[bytes, deque[bytes]] = {}  # beside the keys: see Store.queue_push
         self._waiting: dict[bytes, dict[_Waiter, None]] = {}  # key -> waiters missing it
         self._timers: list[tuple[float, int, Any]] = []  # (deadline, seq, _Conn | _Waiter)
         self._compact_at = 4096  # heap size at which answered waits' entries are swept out
@@ -244,7 +246,7 @@ class Server:
     def _handle(self, conn: _Conn, code: int, p: list[bytes]) -> bytes | None:
         """The answer to one request, or None when it was parked."""
         data = self._data
-        if code in (wire.MGET, wire.WAIT, wire.WAITGE):
+        if code in (wire.MGET, wire.WAIT, wire.WAITGE, wire.QPOP):
             limit = int(p[0])
             if code == wire.WAITGE:
                 waiter = _Waiter(conn, code, [p[1]], int(p[2]))
@@ -261,9 +263,18 @@ class Server:
                 self._set_timer(waiter, min(limit / 1000, threading.TIMEOUT_MAX))
             return None
         if code == wire.CHECK:
-            return wire.pack(wire.OK, [b"1" if all(k in data for k in p) else b"0"])
+            queues = self._queues
+            return wire.pack(wire.OK, [b"1" if all(k in data or queues.get(k) for k in p) else b"0"])
         if code == wire.NUMKEYS:
             return wire.pack(wire.OK, [str(len(data)).encode()])
+        if code == wire.LIST:
+            return wire.pack(wire.OK, [wire.pack_list(list(data))])
+        if code == wire.QLEN:
+            return wire.pack(wire.OK, [str(len(self._queues.get(p[0], ()))).encode()])
+        if code == wire.QPUSH:
+            self._queues.setdefault(p[0], deque()).append(p[1])
+            self._changed(p[0])  # the first parked pop takes it; waits see the queue
+            return wire.pack(wire.OK, [])
         if code == wire.DELETE:
             return wire.pack(wire.OK, [b"1" if data.pop(p[0], None) is not None else b"0"])
         reply: list[bytes] = []
@@ -294,9 +305,11 @@ class Server:
         """A key ``w`` still waits for, or None when it can be answered."""
         if w.code == wire.WAITGE:
             return None if int(self._data.get(w.keys[0], b"0")) >= w.target else w.keys[0]
-        data = self._data
+        if w.code == wire.QPOP:
+            return None if self._queues.get(w.keys[0]) else w.keys[0]
+        data, queues = self._data, self._queues
         for k in w.keys:
-            if k not in data:
+            if k not in data and (w.code == wire.MGET or not queues.get(k)):
                 return k
         return None
 
@@ -305,6 +318,12 @@ class Server:
             return wire.pack(status, [self._data.get(w.keys[0], b"0")])
         if status == wire.OK and w.code == wire.MGET:
             return wire.pack(status, [self._data[k] for k in w.keys])
+        if status == wire.OK and w.code == wire.QPOP:
+            values = self._queues[w.keys[0]]
+            value = values.popleft()
+            if not values:
+                del self._queues[w.keys[0]]
+            return wire.pack(status, [value])
         return wire.pack(status, [])
 
     def _changed(self, key: bytes) -> None:

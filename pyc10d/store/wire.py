@@ -17,7 +17,8 @@ import struct
 from typing import BinaryIO
 
 HEAD, LEN = struct.Struct("!BI"), struct.Struct("!I")
-(SET, MGET, ADD, CAS, WAIT, CHECK, DELETE, NUMKEYS, MSET, APPEND, WAITGE) = range(1, 12)
+(SET, MGET, ADD, CAS, WAIT, CHECK, DELETE, NUMKEYS, MSET, APPEND, WAITGE, QPUSH, QPOP, QLEN,
+ LIST) = range(1, 16)
 OK, TIMEOUT, ERROR, AUTH = 0, 1, 2, 3
 # Parts per frame: a multi_get/multi_set of this many keys still fits (half as many for a set).
 MAX_PARTS = 1 << 16
@@ -30,7 +31,8 @@ SHAPES: dict[int, tuple[int, int | None, bool]] = {
     SET: (2, 2, False), MGET: (1, None, False), ADD: (2, 2, False), CAS: (3, 3, False),
     WAIT: (1, None, False), CHECK: (0, None, False), DELETE: (1, 1, False),
     NUMKEYS: (0, 0, False), MSET: (0, None, True), APPEND: (2, 2, False),
-    WAITGE: (3, 3, False),
+    WAITGE: (3, 3, False), QPUSH: (2, 2, False), QPOP: (2, 2, False), QLEN: (1, 1, False),
+    LIST: (0, 0, False),
 }
 STATUSES = frozenset((OK, TIMEOUT, ERROR, AUTH))
 
@@ -50,6 +52,25 @@ def pack(code: int, parts: list[bytes]) -> bytes:
     for p in parts:
         out += (LEN.pack(len(p)), p)
     return b"".join(out)
+
+
+def pack_list(items: list[bytes]) -> bytes:
+    """Many byte strings as one part (a key listing may hold more than ``MAX_PARTS``)."""
+    return b"".join(LEN.pack(len(x)) + x for x in items)
+
+
+def unpack_list(blob: bytes) -> list[bytes]:
+    out, pos, end = [], 0, len(blob)
+    while pos < end:
+        if end - pos < LEN.size:
+            raise BadFrame("a listing cut short inside a length")
+        (n,) = LEN.unpack_from(blob, pos)
+        pos += LEN.size
+        if end - pos < n:
+            raise BadFrame(f"a listing cut short: {n} bytes announced, {end - pos} came")
+        out.append(blob[pos:pos + n])
+        pos += n
+    return out
 
 
 def _check_head(code: int, n: int, codes: frozenset[int] | dict[int, object]) -> None:
