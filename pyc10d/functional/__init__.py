@@ -32,6 +32,8 @@ __all__ = [
     "all_gather_tensor_autograd", "all_reduce", "all_reduce_coalesced", "all_to_all_single",
     "all_to_all_single_autograd", "broadcast", "permute_tensor", "reduce_scatter_tensor",
     "reduce_scatter_tensor_autograd", "reduce_scatter_tensor_coalesced", "wait_tensor",
+    "all_gather_single", "all_gather_single_autograd", "all_gather_single_coalesced",
+    "reduce_scatter_single", "reduce_scatter_single_autograd", "reduce_scatter_single_coalesced",
     "_expand_group", "_are_we_tracing", "_resolve_group_name",
 ]
 
@@ -210,3 +212,12 @@ def permute_tensor(self: torch.Tensor, src_dst: list[int], group: Any, tag: str 
         if dst == me:
             out_splits[src] = self.numel()
     return all_to_all_single(self, out_splits, in_splits, name)
+
+
+# torch 2.13's names for the same operations.
+all_gather_single = all_gather_tensor
+all_gather_single_autograd = all_gather_tensor_autograd
+all_gather_single_coalesced = all_gather_into_tensor_coalesced
+reduce_scatter_single = reduce_scatter_tensor
+reduce_scatter_single_autograd = reduce_scatter_tensor_autograd
+reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced

@@ -61,6 +61,21 @@ class _GradcheckChecks:
 
         self._gradcheck_every_rank(a2a, (sum(splits), 2))
 
+    def test_single_names(self):
+        """torch 2.13's ``*_single`` names: the ``*_tensor`` operations, gradients included."""
+        n, me, g = self.world_size, dist.get_rank(), dist.group.WORLD
+        x = torch.arange(3.0) + 10 * me
+        every = torch.cat([torch.arange(3.0) + 10 * r for r in range(n)])
+        self.assertEqual(ft_c.all_gather_single(x, 0, g), every)
+        self.assertEqual(ft_c.reduce_scatter_single(every, "sum", 0, g), n * (torch.arange(3.0) + 10 * me))
+        gathered = ft_c.all_gather_single_coalesced([x, x * 2], g)
+        self.assertEqual(gathered, [every, every * 2])
+        scattered = ft_c.reduce_scatter_single_coalesced([every, every * 2], "sum", [0, 0], g)
+        self.assertEqual(scattered, [n * (torch.arange(3.0) + 10 * me), 2 * n * (torch.arange(3.0) + 10 * me)])
+        self._gradcheck_every_rank(lambda t, name: ft_c.all_gather_single_autograd(t * 1.0, 0, name), (2, 3))
+        self._gradcheck_every_rank(
+            lambda t, name: ft_c.reduce_scatter_single_autograd(t * 1.0, "sum", 0, name), (n, 2))
+
     def test_non_autograd_ops_give_no_gradient(self):
         x = torch.ones(4, requires_grad=True)
         out = ft_c.all_gather_tensor(x, 0, dist.group.WORLD)
