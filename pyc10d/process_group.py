@@ -115,6 +115,7 @@ class ProcessGroup:
         self.global_ranks = list(ranks) if ranks is not None else list(range(size))
         self._backend_name = backend_name
         self.bound_device_id = None
+        self._store: Store | None = None  # the group's store (PrefixStore), set by its maker
 
     def rank(self) -> int:
         return self._rank
@@ -141,6 +142,35 @@ class ProcessGroup:
 
     def _set_default_timeout(self, timeout: timedelta) -> None:
         self._engine._set_default_timeout(timeout)
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """The timeout of this group's operations issued from now on."""
+        self._set_default_timeout(timeout)
+
+    def get_group_store(self) -> Store:
+        if self._store is None:
+            raise RuntimeError(f"{self!r} was made without a store")
+        return self._store
+
+    def _set_group_desc(self, desc: str) -> None:
+        self.group_desc = desc
+
+    # torch 2.13's names of the single-tensor operations (its own collectives call these).
+    def all_gather_single(self, output: Any, input: Any, opts: Any = None) -> Any:
+        return self._allgather_base(output, input, opts)
+
+    def all_gather_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter_single(self, output: Any, input: Any, opts: Any = None) -> Any:
+        return self._reduce_scatter_base(output, input, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+    def all_to_all_single(self, output: Any, input: Any, output_split_sizes: Any, input_split_sizes: Any,
+                          opts: Any = None) -> Any:
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
     def _get_sequence_number_for_group(self) -> int:
         return self._engine._get_sequence_number_for_group()
@@ -183,6 +213,7 @@ class ProcessGroupGloo(ProcessGroup):
         engine = _FACTORIES[Backend.resolve("gloo")](store, rank, size, options._timeout, name)
         engine.options = options
         super().__init__(rank, size, engine=engine, group_name=name, backend_name="gloo")
+        self._store = store
 
     @staticmethod
     def create_device(interface: str | None = None, hostname: str | None = None, lazy_init: Any = None) -> _DeviceSpec:

@@ -146,6 +146,42 @@ def test_recv_object_list_of_another_length_fails_with_a_reason() -> None:
     assert "rank 0 sent 24 bytes" in res[1] and "expected 16 bytes" in res[1], res[1]
 
 
+def _pg_methods(rank: int, ws: int, module: str) -> dict[str, Any]:
+    """torch's ProcessGroup methods of 2.13 (the ``*_single`` names), on the world group."""
+    d = importlib.import_module(module)
+    pg, out = d.group.WORLD, {}
+    gathered = torch.zeros(2 * ws)
+    pg.all_gather_single(gathered, torch.tensor([rank, 10.0 * rank])).wait()
+    out["all_gather_single"] = gathered
+    outs = [torch.zeros(ws), torch.zeros(2 * ws)]
+    pg.all_gather_single_coalesced(outs, [torch.tensor([rank + 0.5]), torch.tensor([rank, -rank], dtype=torch.float)]).wait()
+    out["all_gather_single_coalesced"] = outs
+    one = torch.zeros(2)
+    pg.reduce_scatter_single(one, torch.arange(2.0 * ws) * (rank + 1)).wait()
+    out["reduce_scatter_single"] = one
+    ones = [torch.zeros(1), torch.zeros(2)]
+    pg.reduce_scatter_single_coalesced(ones, [torch.arange(1.0 * ws) + rank, torch.arange(2.0 * ws) - rank]).wait()
+    out["reduce_scatter_single_coalesced"] = ones
+    a2a = torch.zeros(ws)
+    pg.all_to_all_single(a2a, torch.arange(ws, dtype=torch.float) + 100 * rank, [1] * ws, [1] * ws).wait()
+    out["all_to_all_single"] = a2a
+    pg.set_timeout(timedelta(seconds=20))
+    pg._set_group_desc("renamed")
+    store = pg.get_group_store()
+    store.set(f"from{rank}", str(rank))
+    store.wait([f"from{(rank + 1) % ws}"])
+    out["group_store"] = (pg.group_desc, store.get(f"from{(rank + 1) % ws}"))
+    d.barrier()
+    return _plain(out)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_process_group_methods_equal_gloo(backend: str) -> None:
+    ours = run_ranks(backend, 3, _pg_methods, "pyc10d", timeout=40)
+    gloo = run_ranks("gloo", 3, _pg_methods, "torch.distributed", dist_module="torch.distributed", timeout=40)
+    assert ours == gloo
+
+
 # -- split_group ---------------------------------------------------------------------------
 def _split(rank: int, ws: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
