@@ -74,12 +74,14 @@ from .groups import (
     is_nccl_available,
     is_torchelastic_launched,
     is_ucc_available,
+    is_xccl_available,
     new_group,
     new_subgroups,
     new_subgroups_by_enumeration,
     split_group,
 )
 from .nn import _DEFAULT_FIRST_BUCKET_BYTES, GradBucket, Reducer, _compute_bucket_assignment_by_size
+from .nn.comm_hooks import BuiltinCommHookType
 from .object_collectives import (
     all_gather_object,
     broadcast_object_list,
@@ -132,5 +134,6 @@ __all__ = [
     "_round_robin_process_groups", "constants", "default_pg_timeout", "reduce_op",
     "all_gather_single", "reduce_scatter_single", "supports_complex", "get_backend_config",
     "get_default_backend_for_device", "is_backend_available", "split_group", "send_object_list",
-    "recv_object_list", "register_rendezvous_handler", "QueueEmptyError",
+    "recv_object_list", "register_rendezvous_handler", "QueueEmptyError", "BuiltinCommHookType",
+    "is_xccl_available",
 ]

@@ -26,7 +26,7 @@ __all__ = [
     "_get_default_store", "_rank_not_in_group", "_get_group_tag", "_find_pg_by_ranks_and_tag",
     "_find_or_create_pg_by_ranks_and_tag", "is_available", "is_gloo_available",
     "is_nccl_available", "is_mpi_available", "is_torchelastic_launched", "get_pg_count",
-    "get_node_local_rank", "split_group", "get_backend_config", "is_backend_available",
+    "get_node_local_rank", "is_xccl_available", "split_group", "get_backend_config", "is_backend_available",
     "get_default_backend_for_device",
 ]
 
@@ -48,6 +48,10 @@ def is_mpi_available() -> bool:
 
 
 def is_ucc_available() -> bool:
+    return False
+
+
+def is_xccl_available() -> bool:
     return False
 
 

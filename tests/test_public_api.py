@@ -23,12 +23,11 @@ pytestmark = pytest.mark.timeout(60)
 
 #: torch.distributed's public names pyc10d leaves out on purpose, and why.
 ABSENT = {
-    "BackendConfig", "Logger", "BuiltinCommHookType",  # C++ helper classes of torch's own
+    "BackendConfig", "Logger",  # C++ helper classes of torch's own
     "DebugLevel", "get_debug_level", "set_debug_level", "set_debug_level_from_env",  # pyc10d's
     # checks always run (TORCH_DISTRIBUTED_DEBUG=DETAIL's consistency checks are its default)
     "breakpoint", "record_comm",  # pdb on one rank; profiler titles of NCCL/Gloo works
     "shrink_group",  # NCCL's ncclCommShrink; survivors re-initialise (abort_process_group)
-    "is_xccl_available",  # Intel GPUs
     "GroupName", "RankType",  # type aliases
     "log", "timedelta",  # names torch.distributed imports for itself
 }

@@ -18,6 +18,7 @@ from torch import nn
 
 from ..collectives import _broadcast_coalesced
 from ..groups import _get_default_group
+from .comm_hooks import builtin_hook
 from .reducer import (
     _DEFAULT_FIRST_BUCKET_BYTES,
     GradBucket,
@@ -199,6 +200,17 @@ class DistributedDataParallel(nn.Module):
                 RuntimeError, "register_comm_hook or register_builtin_comm_hook can only be called once."
             )
         self.reducer.register_comm_hook(state, hook)
+        self._comm_hook_registered = True
+
+    def _register_builtin_comm_hook(self, comm_hook_type: Any) -> None:
+        """A built-in hook by name (``BuiltinCommHookType.ALLREDUCE`` or ``FP16_COMPRESS``,
+        pyc10d's or torch's), reducing over this model's process group."""
+        hook = builtin_hook(comm_hook_type)
+        if self._comm_hook_registered:
+            self._log_and_throw(
+                RuntimeError, "register_comm_hook or register_builtin_comm_hook can only be called once."
+            )
+        self.reducer.register_comm_hook(self.process_group, hook)
         self._comm_hook_registered = True
 
     def _check_comm_hook(self, hook: Any) -> None:

@@ -15,12 +15,14 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as tdist
 import torch.nn.functional as F  # noqa: N812 - torch's spelling
 from torch import nn
 
 import pyc10d
 from pyc10d.nn import DistributedDataParallel, SyncBatchNorm
 from pyc10d.nn.comm_hooks import (
+    BuiltinCommHookType,
     PowerSGDState,
     allreduce_hook,
     bf16_compress_hook,
@@ -97,7 +99,7 @@ def _run(world_size: int, body: Callable[[int], None]) -> None:
 def _train_ddp(
     rank: int, world_size: int, make: Callable[[], nn.Module], shape: tuple[int, ...],
     micro: int = 1, hook: Any = None, hook_state: Any = None, sync_bn: bool = False,
-    **ddp_kwargs: Any,
+    builtin: Any = None, **ddp_kwargs: Any,
 ) -> dict[str, torch.Tensor]:
     with _INIT_LOCK:  # models seed torch's global generator: one rank-thread at a time
         model = make()
@@ -106,6 +108,8 @@ def _train_ddp(
     ddp = DistributedDataParallel(model, bucket_cap_mb=SMALL_BUCKET_MB, **ddp_kwargs)
     if hook is not None:
         ddp.register_comm_hook(hook_state() if callable(hook_state) else hook_state, hook)
+    if builtin is not None:
+        ddp._register_builtin_comm_hook(builtin)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     for step in range(STEPS):
         for m in range(micro):
@@ -175,6 +179,30 @@ def test_mlp_no_sync_accumulation(world_size: int, as_view: bool) -> None:
 )
 def test_mlp_builtin_hooks(world_size: int, hook: Any, atol: float) -> None:
     _check(world_size, MLP, (8,), atol=atol, rtol=atol, hook=hook)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize(
+    "kind,atol",
+    [(BuiltinCommHookType.ALLREDUCE, 2e-5), (BuiltinCommHookType.FP16_COMPRESS, 2e-3),
+     (tdist.BuiltinCommHookType.FP16_COMPRESS, 2e-3)],
+    ids=["allreduce", "fp16", "torch-fp16"],
+)
+def test_mlp_registered_builtin_hook(world_size: int, kind: Any, atol: float) -> None:
+    """``_register_builtin_comm_hook`` by type, pyc10d's enum or torch's."""
+    _check(world_size, MLP, (8,), atol=atol, rtol=atol, builtin=kind)
+
+
+def test_builtin_hook_counts_as_the_one_hook() -> None:
+    def body(rank: int) -> None:
+        ddp = DistributedDataParallel(MLP())
+        ddp._register_builtin_comm_hook(BuiltinCommHookType.FP16_COMPRESS)
+        with pytest.raises(RuntimeError, match="register_comm_hook or register_builtin_comm_hook can only be called once"):
+            ddp.register_comm_hook(None, allreduce_hook)
+        with pytest.raises(ValueError, match="unknown built-in communication hook"):
+            DistributedDataParallel(MLP())._register_builtin_comm_hook("FP16")
+
+    _run(2, body)
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
