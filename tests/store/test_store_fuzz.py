@@ -22,7 +22,7 @@ from datetime import timedelta
 
 import pytest
 
-from pyc10d.store import TCPStore
+from pyc10d.store import TCPStore, wire
 from pyc10d.store import tcp as store_tcp
 
 
@@ -33,7 +33,8 @@ def _no_auth_token(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 HEAD, LEN = struct.Struct("!BI"), struct.Struct("!I")
-OPS = range(1, 12)
+OPS = sorted(wire.SHAPES)
+UNKNOWN_OPS = [c for c in range(256) if c not in wire.SHAPES]
 SET, MGET, ADD, WAIT, MSET = 1, 2, 3, 5, 9
 OK, ERROR = 0, 2
 FRAMES = int(os.environ.get("PYC10D_FUZZ_FRAMES", "3000"))
@@ -75,7 +76,7 @@ def breaker(rng: random.Random, max_bytes: int) -> tuple[str, bytes]:
     if kind == "huge_count":
         return kind, HEAD.pack(rng.choice(OPS), rng.randrange(store_tcp.MAX_PARTS + 1, 1 << 32))
     if kind == "bad_op":
-        return kind, HEAD.pack(rng.choice([0, *range(12, 256)]), rng.randrange(0, 4))
+        return kind, HEAD.pack(rng.choice(UNKNOWN_OPS), rng.randrange(0, 4))
     if kind == "half_head":
         return kind, HEAD.pack(SET, 2)[: rng.randrange(1, HEAD.size)]
     if kind == "garbage":
