@@ -161,13 +161,14 @@ def init_process_group(
         raise ValueError(f"init_process_group: rank {rank} is out of range for world_size {world_size}")
     name = group_name or "0"
     backend_name = str(backend).lower() if backend else "auto"
-    engine = make_engine(backend_name, PrefixStore(f"{name}/", store), rank, world_size, timeout, name)
+    group_store = PrefixStore(f"{name}/", store)
+    engine = make_engine(backend_name, group_store, rank, world_size, timeout, name)
     if backend_name == "auto":  # report (and let new_group reuse) what "auto" chose
         backend_name = getattr(engine, "backend_name", "tcp")
     pg = engine if isinstance(engine, ProcessGroup) else ProcessGroup(
         rank, world_size, engine=engine, group_name=name, backend_name=backend_name
     )
-    pg._store = PrefixStore(f"{name}/", store)
+    pg._store = group_store
     world.default_pg = pg
     world.default_store = store
     _watch(engine, store)
@@ -251,14 +252,15 @@ def _make_group(ranks: list[int], name: str, backend_name: str, timeout: timedel
     if timeout is None:
         timeout = getattr(pg_options, "_timeout", None) or world.timeout
     timeout = _as_timeout(timeout)
-    group_rank = ranks.index(_get_default_group().rank())
-    world_engine = _get_default_group()._get_backend()
+    default = _get_default_group()
+    group_rank = ranks.index(default.rank())
+    world_engine = default._get_backend()
+    group_store = PrefixStore(f"{name}/", world.default_store)
     if isinstance(world_engine, Engine) and Backend.resolve(backend_name) == Backend.resolve(world.backend_name):
         options = Options(timeout)
         engine = world_engine.derive(ranks, group_rank, name, options)
     else:
-        engine = make_engine(backend_name, PrefixStore(f"{name}/", world.default_store), group_rank,
-                             len(ranks), timeout, name)
+        engine = make_engine(backend_name, group_store, group_rank, len(ranks), timeout, name)
     if pg_options is not None and hasattr(engine, "options"):
         engine.options = pg_options
         engine.options._timeout = timeout
@@ -267,7 +269,7 @@ def _make_group(ranks: list[int], name: str, backend_name: str, timeout: timedel
     )
     if group_desc:
         pg.group_desc = group_desc
-    pg._store = PrefixStore(f"{name}/", world.default_store)
+    pg._store = group_store
     _watch(engine, world.default_store)
     world.register(pg, name, ranks, backend_name, tag)
     return pg

@@ -92,12 +92,16 @@ def _p2p_objects(rank: int, ws: int, module: str) -> dict[str, Any]:
     return _plain(out)
 
 
+def _equal_to_gloo(backend: str, fn: Any) -> list[Any]:
+    """``fn(rank, 3, module)`` on pyc10d's ``backend`` and on torch's Gloo: equal per rank."""
+    ours = run_ranks(backend, 3, fn, "pyc10d", timeout=40)
+    assert ours == run_ranks("gloo", 3, fn, "torch.distributed", dist_module="torch.distributed", timeout=40)
+    return ours
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_object_p2p_equals_gloo(backend: str) -> None:
-    ours = run_ranks(backend, 3, _p2p_objects, "pyc10d", timeout=40)
-    gloo = run_ranks("gloo", 3, _p2p_objects, "torch.distributed", dist_module="torch.distributed",
-                     timeout=40)
-    assert ours == gloo
+    ours = _equal_to_gloo(backend, _p2p_objects)
     assert ours[1]["got"][:3] == ["foo", 12, {1: 2}] and ours[2]["group"] == [{"via": "group"}]
 
 
@@ -176,9 +180,7 @@ def _pg_methods(rank: int, ws: int, module: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_process_group_methods_equal_gloo(backend: str) -> None:
-    ours = run_ranks(backend, 3, _pg_methods, "pyc10d", timeout=40)
-    gloo = run_ranks("gloo", 3, _pg_methods, "torch.distributed", dist_module="torch.distributed", timeout=40)
-    assert ours == gloo
+    _equal_to_gloo(backend, _pg_methods)
 
 
 # -- split_group ---------------------------------------------------------------------------

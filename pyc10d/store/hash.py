@@ -50,8 +50,11 @@ class HashStore(Store):
                 raise wait_timeout_error([k for k in keys if not present(k)], timeout)
             self._cond.wait(left)
 
+    def _queued(self, key: str) -> bool:
+        return bool(self._queues.get(key))
+
     def _set_or_queued(self, key: str) -> bool:
-        return key in self._data or bool(self._queues.get(key))
+        return key in self._data or self._queued(key)
 
     def set(self, key: str, value: str | bytes) -> None:
         with self._cond:
@@ -108,7 +111,7 @@ class HashStore(Store):
     def queue_pop(self, key: str, block: bool = True) -> bytes:
         with self._cond:
             if block:
-                self._wait_locked([key], self._timeout, lambda k: bool(self._queues.get(k)))
+                self._wait_locked([key], self._timeout, self._queued)
             queue = self._queues.get(key)
             if not queue:
                 raise queue_empty()
