@@ -10,7 +10,8 @@
 #   make fuzz   100,000 malformed frames at a live TCPStore server and 100,000 garbage
 #               handshakes at the tcp transport's listener (and bad frames from its peers)
 #               while good clients keep working; prints frames, time and peak memory
-#   make chaos  500 trials: a rank SIGKILLed mid-run on tcp and shm (tests/chaos.py)
+#   make chaos  500 trials: a rank SIGKILLed mid-run on tcp and shm (tests/chaos.py), then
+#               400 of torch's DDP / FSDP2 training on the plugin (pyc10d_shm, pyc10d_tcp)
 #   make lint   ruff
 
 PYTHON ?= python3
@@ -59,6 +60,7 @@ bench: $(STAMP)
 
 chaos: $(STAMP)
 	$(PY) tests/chaos.py --trials 500
+	$(PY) tests/chaos.py --trials 400 --backends pyc10d_shm,pyc10d_tcp
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -12,6 +12,10 @@
   random delay of 0-3 ms: inside that collective or one of the next ones (or, if it got
   through the whole sequence first, before the closing barrier).
 
+With ``--backends pyc10d_shm,pyc10d_tcp`` the ranks run torch's own DDP or FSDP2 training
+through ``torch.distributed`` on pyc10d's plugin instead (``tests/chaos_plugin.py``), the
+victim SIGKILLed 0-10 ms into a random training step.
+
 A trial passes when every survivor raises within ``--deadline`` seconds (3) of the death with
 an error naming the dead rank, no rank returns a wrong result as success, and nothing new
 is left in ``/dev/shm``. A survivor still running 15 s after the death counts as a hang.
@@ -58,11 +62,16 @@ class Trial:
     kill_at: int
     delay_s: float
     ops: list[tuple[str, int, int]] = field(default_factory=list)  # (op, numel, root)
+    workload: str = "collectives"  # or the plugin's "ddp" / "fsdp" (``chaos_plugin``)
+    steps: int = 0
 
     @staticmethod
     def make(seed: int, backend: str) -> Trial:
         rng = random.Random(seed)
         world = rng.choice((3, 4))
+        if backend.startswith("pyc10d_"):
+            from chaos_plugin import make
+            return Trial(seed, backend, world, rng.randrange(world), **make(rng))
         ops = [(rng.choice(OPS), rng.choice(SIZES) // world * world, rng.randrange(world))
                for _ in range(rng.randint(6, 14))]
         return Trial(seed, backend, world, rng.randrange(world), rng.randrange(len(ops) - 2),
@@ -104,28 +113,35 @@ def _run_op(op: str, n: int, root: int, rank: int, world: int, step: int) -> str
     return None if ok else f"{op} #{step + 1} (numel {n}, root {root}) returned a wrong result"
 
 
+def _collectives_main(trial: Trial, rank: int, store_path: str) -> tuple:
+    """One rank of a native trial: the seeded sequence of checked collectives."""
+    store = dist.FileStore(store_path, trial.world)
+    dist.init_process_group(trial.backend, store=store, rank=rank, world_size=trial.world,
+                            timeout=timedelta(seconds=60))
+    dist.barrier()
+    for step, (op, n, root) in enumerate(trial.ops):
+        if rank == trial.victim and step == trial.kill_at:
+            threading.Timer(trial.delay_s, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        wrong = _run_op(op, n, root, rank, trial.world, step)
+        if wrong:
+            return ("wrong", wrong)
+    if rank == trial.victim:  # the timer did not fire in time: die before the last barrier
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+    return ("ok", "")
+
+
 def _rank_main(trial: Trial, rank: int, store_path: str, conn: multiprocessing.connection.Connection) -> None:
     torch.set_num_threads(1)
     stacks = open(f"{store_path}.stack{rank}", "w")  # noqa: SIM115 - lives as long as the process
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
     result: tuple
     try:
-        store = dist.FileStore(store_path, trial.world)
-        dist.init_process_group(trial.backend, store=store, rank=rank, world_size=trial.world,
-                                timeout=timedelta(seconds=60))
-        dist.barrier()
-        for step, (op, n, root) in enumerate(trial.ops):
-            if rank == trial.victim and step == trial.kill_at:
-                threading.Timer(trial.delay_s, os.kill, (os.getpid(), signal.SIGKILL)).start()
-            wrong = _run_op(op, n, root, rank, trial.world, step)
-            if wrong:
-                result = ("wrong", wrong, time.time())
-                break
+        if trial.workload == "collectives":
+            result = (*_collectives_main(trial, rank, store_path), time.time())
         else:
-            if rank == trial.victim:  # the timer did not fire in time: die before the last barrier
-                os.kill(os.getpid(), signal.SIGKILL)
-            dist.barrier()
-            result = ("ok", "", time.time())
+            from chaos_plugin import rank_main
+            result = (*rank_main(trial, rank, store_path), time.time())
     except BaseException as e:  # noqa: BLE001 - reported to the parent
         result = ("error", f"{type(e).__name__}: {e}", time.time())
     try:
@@ -226,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.trials):
         trial = Trial.make(args.seed * 1_000_003 + i, backends[i % len(backends)])
         v = run_trial(trial, args.deadline)
-        row = table.setdefault((trial.backend, trial.world), Counter())
+        label = trial.backend if trial.workload == "collectives" else f"{trial.backend}:{trial.workload}"
+        row = table.setdefault((label, trial.world), Counter())
         row["trials"] += 1
         row["ok" if v["ok"] else v["kind"]] += 1
         row["max_s"] = max(row["max_s"], int(v["slowest_s"] * 1000))
@@ -237,10 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     kinds = ["hang", "wrong result", "no error", "wrong blame", "slow", "leak", "died", "no kill"]
     print(f"\n{args.trials} chaos trials in {time.monotonic() - t0:.0f}s "
           f"(deadline {args.deadline:.0f}s after the death)")
-    print(f"{'backend':8} {'world':>5} {'trials':>6} {'ok':>5} " + " ".join(f"{k:>12}" for k in kinds)
+    print(f"{'backend':16} {'world':>5} {'trials':>6} {'ok':>5} " + " ".join(f"{k:>12}" for k in kinds)
           + f" {'slowest s':>9}")
     for (backend, world), row in sorted(table.items()):
-        print(f"{backend:8} {world:>5} {row['trials']:>6} {row['ok']:>5} "
+        print(f"{backend:16} {world:>5} {row['trials']:>6} {row['ok']:>5} "
               + " ".join(f"{row[k]:>12}" for k in kinds) + f" {row['max_s'] / 1000:>9.2f}")
     return 1 if failures else 0
 

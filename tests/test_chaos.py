@@ -1,5 +1,6 @@
-"""A short run of the chaos trials (tests/chaos.py; ``make chaos`` runs 500): a rank SIGKILLed
-at a random point of a random sequence of checked collectives, on tcp and shm."""
+"""A short run of the chaos trials (tests/chaos.py; ``make chaos`` runs 500 native and 400
+plugin trials): a rank SIGKILLed at a random point of a random sequence of checked collectives
+on tcp and shm, or of torch's DDP / FSDP2 training on the plugin's pyc10d_shm and pyc10d_tcp."""
 
 from __future__ import annotations
 
@@ -7,12 +8,22 @@ import pytest
 from chaos import Trial, run_trial
 
 
-@pytest.mark.timeout(50)
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
-def test_a_killed_rank_is_named_by_every_survivor(backend: str) -> None:
+def _trials(backend: str, seeds: range) -> None:
     failed = []
-    for seed in range(6):
-        verdict = run_trial(Trial.make(90_000 + seed, backend))
+    for seed in seeds:
+        verdict = run_trial(Trial.make(seed, backend))
         if not verdict["ok"]:
             failed.append(verdict)
     assert not failed, "\n".join(f"seed {v['seed']}: {v['why'][:1500]}" for v in failed)
+
+
+@pytest.mark.timeout(50)
+@pytest.mark.parametrize("backend", ["tcp", "shm"])
+def test_a_killed_rank_is_named_by_every_survivor(backend: str) -> None:
+    _trials(backend, range(90_000, 90_006))
+
+
+@pytest.mark.timeout(50)
+@pytest.mark.parametrize("backend", ["pyc10d_shm", "pyc10d_tcp"])
+def test_torch_training_on_the_plugin_survives_a_killed_rank(backend: str) -> None:
+    _trials(backend, range(91_000, 91_003))

@@ -24,23 +24,30 @@ from torch._C._distributed_c10d import Work as _TorchWorkBase
 
 from ..backends.work import Work
 from . import options as opt
+from .errors import to_torch, torch_future, translating
 
 
 class TorchWork(_TorchWorkBase):
     """A torch ``Work`` that is a pyc10d ``Work`` underneath.
 
     A Python subclass rather than ``_create_work_from_future``: a Python caller's ``wait``
-    re-raises pyc10d's own exception (its type and wording: ranks, op, sequence number), and
-    ``source_rank`` answers for ``recv`` from any source, which a future cannot carry. C++
-    callers get ``wait`` and ``get_future`` through torch's trampoline.
+    re-raises pyc10d's own exception (its wording: ranks, op, sequence number) as torch's type
+    too (``errors.to_torch``), and ``source_rank`` answers for ``recv`` from any source, which
+    a future cannot carry. C++ callers get ``wait`` and ``get_future`` through torch's
+    trampoline; the future is one C++ sees failed when the operation fails
+    (``errors.torch_future``).
     """
 
     def __init__(self, work: Work) -> None:
         super().__init__()
         self._work = work
+        self._future: torch.futures.Future | None = None
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        return self._work.wait(timeout)
+        try:
+            return self._work.wait(timeout)
+        except BaseException as e:
+            raise to_torch(e) from e.__cause__
 
     def is_completed(self) -> bool:
         return self._work.is_completed()
@@ -49,22 +56,27 @@ class TorchWork(_TorchWorkBase):
         return self._work.is_success()
 
     def exception(self) -> BaseException | None:
-        return self._work.exception()
+        error = self._work.exception()
+        return None if error is None else to_torch(error)
 
     def result(self) -> list[torch.Tensor]:
+        self.wait()
         return self._work.result()
 
     def source_rank(self) -> int:
-        self._work.wait()
+        self.wait()
         return self._work.source_rank()
 
     _source_rank = source_rank
 
     def synchronize(self) -> None:
-        self._work.wait()
+        self.wait()
 
     def get_future(self) -> torch.futures.Future:
-        return self._work.get_future()
+        fut = self._future
+        if fut is None:  # one per Work: DDP chains its callbacks on the one it got
+            fut = self._future = torch_future(self._work)
+        return fut
 
     def __repr__(self) -> str:
         return f"<TorchWork {self._work!r}>"
@@ -74,8 +86,23 @@ def _list(tensors: Any) -> list[torch.Tensor]:
     return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
 
 
+def _translating_methods(cls: type) -> type:
+    """Every operation of ``cls`` raises torch's error types (``errors.translating``)."""
+    for name, fn in list(vars(cls).items()):
+        if callable(fn) and not name.startswith("__") and name not in _IDENTITY:
+            setattr(cls, name, translating(fn))
+    return cls
+
+
+#: Methods that answer questions and never fail: left unwrapped.
+_IDENTITY = frozenset({"getBackendName", "name", "getGroupName", "setGroupName", "getGroupDesc",
+                       "setGroupDesc", "engine"})
+
+
+@_translating_methods
 class TorchProcessGroup(tdist.ProcessGroup):
-    """A torch process group whose collectives run on a pyc10d engine (shm or tcp)."""
+    """A torch process group whose collectives run on a pyc10d engine (shm or tcp); its
+    failures are torch's types (``errors``)."""
 
     def __init__(self, engine: Any, rank: int, size: int, backend_name: str) -> None:
         super().__init__(rank, size)

@@ -1,0 +1,136 @@
+"""The plugin fails as pyc10d's own API does: a lost peer is named, in torch's error types.
+
+torch's C++ (DDP's reducer, FSDP2) waits on the futures of pyc10d's works. A future completed
+with ``set_exception`` looks *successful* to C++ (the exception is its value), and DDP's
+reducer took the first tensor of that value: every survivor died of SIGSEGV. These tests kill
+a rank under torch's DDP and check that every survivor raises, names the dead rank, and lives.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo  # noqa: F401 - DDP imports it lazily: once here, not in every forked rank
+import torch.distributed as dist
+from _multirank import run_ranks
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+import pyc10d
+import pyc10d.torch_backend  # noqa: F401 - registers the backends
+from pyc10d.torch_backend.errors import to_torch
+
+pytestmark = pytest.mark.timeout(45)
+
+BACKENDS = ["pyc10d_shm", "pyc10d_tcp"]
+
+
+def _run(backend: str, fn: Any, *args: Any, world: int = 3) -> list[Any]:
+    return run_ranks(backend, world, fn, *args, dist_module="torch.distributed", may_exit=(1,),
+                     timeout=30, pg_timeout=20)
+
+
+def _ddp_until_rank1_dies(rank: int, ws: int, hook: str) -> tuple[str, str, float]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.001)
+    if hook == "allreduce_hook":  # a Python hook: torch chains it on the work's future
+        ddp.register_comm_hook(dist.group.WORLD, default_hooks.allreduce_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    died = 0.0
+    try:
+        for step in range(40):
+            if step == 3:
+                if rank == 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                died = time.monotonic()
+            ddp(torch.randn(8, 16)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    except RuntimeError as e:
+        return (type(e).__name__, str(e), time.monotonic() - died)
+    return ("finished", "", 0.0)
+
+
+@pytest.mark.parametrize("hook", ["builtin", "allreduce_hook"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_ddp_survivors_raise_and_name_the_dead_rank(backend: str, hook: str) -> None:
+    res = _run(backend, _ddp_until_rank1_dies, hook)  # a survivor killed by a signal fails here
+    for rank in (0, 2):
+        kind, msg, took = res[rank]
+        assert kind == "RuntimeError", res[rank]
+        assert "rank 1" in msg and "allreduce" in msg, msg
+        assert took < 5.0, f"rank {rank} named the death after {took:.1f}s"
+
+
+def _all_reduce_until_rank1_dies(rank: int, ws: int) -> dict[str, Any]:
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if rank == 1:
+        os._exit(17)
+    out: dict[str, Any] = {}
+    work = dist.all_reduce(t, async_op=True)
+    try:
+        work.wait()
+    except Exception as e:  # noqa: BLE001
+        out["wait"] = e
+    out["exception"] = work.exception()
+    try:
+        work.get_future().wait()
+    except Exception as e:  # noqa: BLE001
+        out["future"] = e
+    try:
+        dist.all_reduce(t)  # the group is broken: the next call fails at once, same types
+    except Exception as e:  # noqa: BLE001
+        out["next"] = e
+    return {k: (isinstance(v, dist.DistBackendError), isinstance(v, pyc10d.DistNetworkError), str(v))
+            for k, v in out.items()}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_wait_exception_and_future_agree(backend: str) -> None:
+    res = _run(backend, _all_reduce_until_rank1_dies)
+    for rank in (0, 2):
+        got = res[rank]
+        assert set(got) == {"wait", "exception", "future", "next"}, got
+        for how in ("wait", "exception", "next"):  # torch's type and pyc10d's at once
+            assert got[how][:2] == (True, True), (how, got[how])
+        assert "rank 1" in got["wait"][2], got["wait"]
+        assert got["exception"][2] == got["wait"][2]
+        # C++ sees the future failed; its text carries pyc10d's message
+        assert got["wait"][2].split(" [flight recorder")[0] in got["future"][2], got["future"]
+
+
+def test_to_torch_keeps_the_error_and_adds_torch_type() -> None:
+    e = pyc10d.DistNetworkError("allreduce #3 in group 'g': rank 1 died")
+    e.ranks = [1]  # type: ignore[attr-defined]
+    t = to_torch(e)
+    assert isinstance(t, dist.DistBackendError) and isinstance(t, pyc10d.DistNetworkError)
+    assert str(t) == str(e) and t.ranks == [1] and type(e) is pyc10d.DistNetworkError
+    timeout = to_torch(pyc10d.DistTimeoutError("Timed out"))
+    assert isinstance(timeout, dist.DistBackendError) and isinstance(timeout, TimeoutError)
+    assert isinstance(to_torch(pyc10d.DistStoreError("x")), dist.DistStoreError)
+    plain = ValueError("bad input")
+    assert to_torch(plain) is plain
+    assert type(to_torch(pyc10d.DistNetworkError("a"))) is type(t)  # one class per pyc10d type
+
+
+def _after_destroy(rank: int, ws: int) -> tuple[bool, str]:
+    pg = dist.distributed_c10d._get_default_group()
+    assert isinstance(pg, pyc10d.torch_backend.TorchProcessGroup)
+    dist.destroy_process_group()
+    try:
+        pg.allreduce([torch.ones(2)])
+    except dist.DistBackendError as e:
+        return (True, str(e))
+    return (False, "")
+
+
+def test_a_destroyed_group_raises_torch_type() -> None:
+    res = run_ranks("pyc10d_shm", 2, _after_destroy, dist_module="torch.distributed")
+    for ok, msg in res:
+        assert ok and "destroyed" in msg, msg
