@@ -1,0 +1,47 @@
+"""torch's backend autoload hook: ``init_process_group("pyc10d")`` with no ``import pyc10d``.
+
+pyc10d's distribution declares this module's ``register`` in the ``torch.backends`` entry-point
+group. ``import torch`` calls every such entry point near the end of its own initialisation
+(unless ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``), after it imported ``torch.distributed``, and turns
+any exception into a failed ``import torch``. So this module is the least that can register:
+
+* it is a top-level module, so that loading it does not run ``pyc10d/__init__.py`` (which
+  imports torch's submodules while ``torch`` itself is still half-initialised);
+* it registers pyc10d's backend names with creators that import ``pyc10d.torch_backend`` on
+  the first group they build: ``import torch`` pays for a few dictionary writes, not for pyc10d;
+* it never raises: a failure is a warning, and torch imports as if pyc10d were not installed.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any
+
+#: torch backend name -> what it is (the full table lives in ``pyc10d.torch_backend``).
+NAMES = ("pyc10d", "pyc10d_shm", "pyc10d_tcp")
+
+
+def _lazy(name: str) -> Any:
+    def create(dist_opts: Any, backend_options: Any = None) -> Any:
+        from pyc10d.torch_backend import _creator
+
+        return _creator(name)(dist_opts, backend_options)
+
+    create.__name__ = f"create_{name}"
+    return create
+
+
+def register() -> None:
+    """Register pyc10d's names with torch.distributed, if it is there; never raise."""
+    try:
+        tdist = sys.modules.get("torch.distributed")
+        if tdist is None or not tdist.is_available():
+            return
+        backend = tdist.Backend
+        for name in NAMES:
+            if name.upper() not in backend._plugins:
+                backend.register_backend(name, _lazy(name), extended_api=True, devices=["cpu"])
+    except Exception as e:  # noqa: BLE001 - torch's import must not fail because of us
+        warnings.warn(f"pyc10d: could not register its torch.distributed backends ({e!r}); "
+                      "use 'import pyc10d.torch_backend' instead", RuntimeWarning, stacklevel=2)
