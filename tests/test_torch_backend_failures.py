@@ -134,3 +134,92 @@ def test_a_destroyed_group_raises_torch_type() -> None:
     res = run_ranks("pyc10d_shm", 2, _after_destroy, dist_module="torch.distributed")
     for ok, msg in res:
         assert ok and "destroyed" in msg, msg
+
+
+def _waiters_released(rank: int, ws: int, how: str) -> dict[str, Any]:
+    """Rank 0 leaves three operations waiting for rank 1, which never joins: a sync all_reduce
+    on a thread, a recv on another, an async all_reduce (its Work and its future); then
+    ``how`` (``abort`` / ``shutdown``) must release every one of them at once."""
+    import threading
+
+    store = dist.distributed_c10d._get_default_store()
+    if rank == 1:
+        store.wait(["done"])
+        return {}
+    pg = dist.distributed_c10d._get_default_group()
+    out: dict[str, Any] = {}
+
+    def run(name: str, fn: Any) -> None:
+        t0 = time.monotonic()
+        try:
+            fn()
+            out[name] = ("returned", time.monotonic() - t0)
+        except Exception as e:  # noqa: BLE001
+            out[name] = (f"{type(e).__name__}: {e}", time.monotonic() - t0)
+
+    threads = [threading.Thread(target=run, args=("sync", lambda: dist.all_reduce(torch.ones(4)))),
+               threading.Thread(target=run, args=("recv", lambda: dist.recv(torch.ones(4), src=1)))]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    work = dist.all_reduce(torch.ones(4), async_op=True)
+    fut = work.get_future()
+    time.sleep(0.2)
+    start = time.monotonic()
+    getattr(pg, how)()
+    run("wait", work.wait)
+    run("future", fut.wait)
+    for t in threads:
+        t.join(10)
+    out["released_s"] = time.monotonic() - start
+    store.set("done", "1")
+    return out
+
+
+@pytest.mark.parametrize("how", ["abort", "shutdown"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_abort_and_shutdown_release_every_waiter(backend: str, how: str) -> None:
+    res = run_ranks(backend, 2, _waiters_released, how, dist_module="torch.distributed", timeout=30,
+                    pg_timeout=60)
+    got = res[0]
+    assert set(got) == {"sync", "recv", "wait", "future", "released_s"}, got
+    for name in ("sync", "recv", "wait", "future"):
+        assert got[name][0].split(":")[0] in ("DistBackendError", "DistNetworkError", "RuntimeError"), got[name]
+        assert "returned" not in got[name][0]
+    assert got["released_s"] < 5.0, got  # the group timeout is 60 s: nothing waited it out
+
+
+def _under_detail(rank: int, ws: int) -> dict[str, Any]:
+    assert dist.get_debug_level() == dist.DebugLevel.DETAIL
+    t = torch.full((3,), rank + 1.0)
+    dist.all_reduce(t)
+    o = torch.zeros(2 * ws)
+    dist.all_gather_into_tensor(o, torch.full((2,), float(rank)))
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    ddp(torch.full((3, 4), float(rank))).sum().backward()
+    grad = ddp.module.weight.grad.clone()
+    try:
+        dist.all_reduce(torch.ones(3 + rank))  # shapes differ between the ranks
+        mismatch = "no error"
+    except dist.DistBackendError as e:
+        mismatch = str(e)
+    return {"sum": t.tolist(), "gather": o.tolist(), "grad": grad, "mismatch": mismatch}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_torch_distributed_debug_detail(backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch wraps a C++ backend in its checking wrapper under DETAIL, and hands a Python
+    ProcessGroup (the plugin's) through as it is: pyc10d's own checks name the mismatch."""
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    before = dist.get_debug_level()
+    dist.set_debug_level_from_env()  # torch reads it on import: the forked ranks inherit this
+    try:
+        res = run_ranks(backend, 2, _under_detail, dist_module="torch.distributed", timeout=30, pg_timeout=10)
+    finally:
+        dist.set_debug_level(before)
+    want_grad = torch.full((2, 4), 1.5)  # d(sum of outputs)/dW averaged over inputs 0 and 1
+    for got in res:
+        assert got["sum"] == [3.0, 3.0, 3.0] and got["gather"] == [0.0, 0.0, 1.0, 1.0]
+        assert torch.equal(got["grad"], want_grad), got["grad"]
+        assert "allreduce" in got["mismatch"] and "12 bytes" in got["mismatch"] and "16 bytes" in got["mismatch"], got
