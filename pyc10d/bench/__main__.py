@@ -165,7 +165,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-_OTHER_BENCHES = {"--ddp": "pyc10d.bench.ddp", "--funcol": "pyc10d.bench.funcol",
+_OTHER_BENCHES = {"--ddp": "pyc10d.bench.ddp", "--funcol": "pyc10d.bench.funcol", "--tp": "pyc10d.bench.tp",
                   "--symm-mem": "pyc10d.bench.symm_mem"}
 
 
