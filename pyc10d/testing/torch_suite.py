@@ -13,6 +13,10 @@ apply to ``BACKEND``:
   are the tests torch gates on the name gloo; run this way only checks of the name itself can
   tell the two apart.
 
+Ranks are forked from an interpreter that has imported torch and the suite (``--start fork``,
+the default): torch's own driver spawns fresh interpreters (``--start spawn``), which costs about
+45 s a test on a loaded 2-core machine against under a second forked; the tests are the same.
+
 Results go to ``benchmarks/results/torch_suite/<pass>-<backend>-<world>.json`` (one record per
 test: outcome, reason, seconds) and the table (``table.md`` there too) lists, for every test
 Gloo passes that pyc10d does not pass in either pass, the reason. A test pyc10d passes only under
@@ -218,7 +222,10 @@ def render(configs: list[tuple[str, int]]) -> str:
         rows.append(f"| {backend} | {ws} | {_count(t, 'passed')} | {_count(t, 'failed')} | "
                     f"{_count(t, 'skipped')} | {len(gloo)} | {len(alias_passed)} | {len(missing)} "
                     f"| {rep['seconds']:.0f} |")
-    out = "\n".join(rows) + "\n\nTests Gloo passes that pyc10d does not:\n\n"
+    first = next((r for r in map(_load, (_path("plugin", b, w) for b, w in configs)) if r), None)
+    head = (f"torch {first['torch']}, ranks started by {first['start']}; pyc10d declared to the "
+            f"suite as a plugin with ddp and subgroup.\n\n") if first else ""
+    out = head + "\n".join(rows) + "\n\nTests Gloo passes that pyc10d does not:\n\n"
     out += "\n".join(gaps) if gaps else "- none"
     out += "\n\nTests torch refuses to run on a backend not named gloo (pyc10d passes them "
     out += "under the name gloo):\n\n" + ("\n".join(refusals) if refusals else "- none") + "\n"
@@ -235,9 +242,10 @@ def main(argv: list[str] | None = None) -> None:
     one.add_argument("--only", default=None, help="comma-separated test names")
     one.add_argument("-k", dest="pattern", default=None, help="substring of test names")
     one.add_argument("--gloo-as", default=None, choices=("shm", "tcp"))
-    one.add_argument("--start", default="spawn", choices=("spawn", "fork"))
+    one.add_argument("--start", default="fork", choices=("spawn", "fork"))
     p.add_argument("--configs", default=",".join(f"{b}:{w}" for b, w in CONFIGS))
-    p.add_argument("--start", default="spawn", choices=("spawn", "fork"))
+    p.add_argument("--start", default="fork", choices=("spawn", "fork"),
+                   help="how ranks start: fork (ms) or spawn (torch's own driver; ~45 s a test here)")
     p.add_argument("--reuse", action="store_true", help="keep results already saved")
     p.add_argument("--table", action="store_true", help="only print the table of saved results")
     p.add_argument("-k", dest="pattern", default=None, help="substring of test names")
