@@ -195,7 +195,7 @@ def render(configs: list[tuple[str, int]]) -> str:
             "passed under the name gloo | Gloo passes, pyc10d does not | seconds |",
             "|---|---|---|---|---|---|---|---|---|"]
     gaps: list[str] = []
-    refusals: list[str] = []
+    refusals: dict[str, tuple[list[str], str]] = {}  # test -> (configurations, torch's reason)
     for backend, ws in configs:
         rep = _load(_path("plugin", backend, ws))
         if rep is None:
@@ -212,8 +212,8 @@ def render(configs: list[tuple[str, int]]) -> str:
         plugin_passed = _passed(rep)
         missing = sorted(gloo - plugin_passed - alias_passed)
         for name in sorted(alias_passed & (gloo - plugin_passed)):
-            refusals.append(f"- `{name}` ({backend}, {ws}): passes under the name gloo; torch "
-                            f"skips it for other names: {t[name]['reason']}")
+            reason = t[name]["reason"].replace(backend, "<backend>")
+            refusals.setdefault(name, ([], reason))[0].append(f"{backend} {ws}")
         for name in missing:
             rec = (alias or {}).get("tests", {}).get(name) or t.get(name) or {}
             how = "under the name gloo" if name in (alias or {}).get("tests", {}) else "as plugin"
@@ -228,7 +228,8 @@ def render(configs: list[tuple[str, int]]) -> str:
     out = head + "\n".join(rows) + "\n\nTests Gloo passes that pyc10d does not:\n\n"
     out += "\n".join(gaps) if gaps else "- none"
     out += "\n\nTests torch refuses to run on a backend not named gloo (pyc10d passes them "
-    out += "under the name gloo):\n\n" + ("\n".join(refusals) if refusals else "- none") + "\n"
+    listed = [f"- `{n}` ({', '.join(where)}): {why}" for n, (where, why) in sorted(refusals.items())]
+    out += "under the name gloo), with torch's reason:\n\n" + ("\n".join(listed) or "- none") + "\n"
     return out
 
 
