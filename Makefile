@@ -12,6 +12,10 @@
 #               while good clients keep working; prints frames, time and peak memory
 #   make chaos  500 trials: a rank SIGKILLed mid-run on tcp and shm (tests/chaos.py), then
 #               400 of torch's DDP / FSDP2 training on the plugin (pyc10d_shm, pyc10d_tcp)
+#   make torch-suite  torch's own backend suite (torch.testing's distributed_test) on
+#               pyc10d_shm / pyc10d_tcp (world size 2) and pyc10d_shm (4) beside Gloo, then the
+#               tests torch gates on the name gloo against pyc10d; prints the README's table
+#               (minutes; results in benchmarks/results/torch_suite; a slice runs in make test)
 #   make lint   ruff
 
 PYTHON ?= python3
@@ -22,7 +26,7 @@ BENCH_ARGS ?=
 
 FUZZ_FRAMES ?= 100000
 
-.PHONY: venv demo test test-launchers fuzz chaos bench lint clean
+.PHONY: venv demo test test-launchers fuzz chaos bench torch-suite lint clean
 
 venv: $(STAMP)
 
@@ -61,6 +65,10 @@ bench: $(STAMP)
 chaos: $(STAMP)
 	$(PY) tests/chaos.py --trials 500
 	$(PY) tests/chaos.py --trials 400 --backends pyc10d_shm,pyc10d_tcp
+
+# Not part of `make test` (tests/test_torch_suite.py runs a fixed slice of it): minutes.
+torch-suite: $(STAMP)
+	$(PY) -m pyc10d.testing.torch_suite
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

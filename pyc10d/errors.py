@@ -30,3 +30,23 @@ class DistNetworkError(DistError):
 
 class DistBackendError(DistError):
     """A collective failed inside a backend (mismatch between ranks, aborted group, ...)."""
+
+
+#: The words torch's own backends use for a timeout and for a lost peer. torch's tests and
+#: users' code match them (torch's suite: ``" (Timed out|closed|timeout) "``), so pyc10d's
+#: messages carry them beside pyc10d's own detail (op, sequence number, group, ranks).
+TIMED_OUT = "Timed out"
+PEER_CLOSED = "Connection closed by peer"
+
+
+def with_torch_phrase(error: BaseException, detail: str) -> str:
+    """``detail`` led by torch's phrase for ``error``'s kind (timeout, lost peer), once.
+
+    Other errors (a mismatch between ranks, a bad argument) have no common phrase in torch
+    and keep their text as it is.
+    """
+    if isinstance(error, DistTimeoutError) and TIMED_OUT not in detail:
+        return f"{TIMED_OUT} ({detail})"
+    if isinstance(error, DistNetworkError) and PEER_CLOSED not in detail:
+        return f"{PEER_CLOSED} ({detail})"
+    return detail

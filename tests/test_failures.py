@@ -7,6 +7,7 @@ message names, how long it took), collecting problems in a ``Check`` so every ra
 from __future__ import annotations
 
 import os
+import re
 import time
 from datetime import timedelta
 
@@ -20,6 +21,8 @@ from pyc10d.errors import DistError, DistTimeoutError
 from pyc10d.store import FileStore, HashStore, PrefixStore, TCPStore
 
 PROCESS_BACKENDS = [b for b in BACKENDS if b not in THREAD_BACKENDS]
+#: What torch's own suite matches a timeout or a lost peer's error with (distributed_test.py).
+TORCH_TIMEOUT_REGEX = " (Timed out|closed|timeout) "
 RING = {  # force ring algorithms and multi-segment pipelines on small tensors
     "pyc10d.algorithms.SMALL_ALLREDUCE": 1024,
     "pyc10d.algorithms.SMALL_BROADCAST": 1024,
@@ -247,6 +250,10 @@ def _skip_collective(rank: int, ws: int, where: str) -> str:
                       lambda: dist.all_reduce(torch.ones(1009), group=g), ["timed out", "rank 1"],
                       within=4.5)
     c.true(e is None or "2.0s" in str(e) or "2s" in str(e), f"timeout not stated: {e}")
+    # torch's tests (and users' code) match torch's backends' words for a timeout or a lost peer
+    c.true(e is None or re.search(TORCH_TIMEOUT_REGEX, str(e)) is not None,
+           f"no match for torch's {TORCH_TIMEOUT_REGEX!r}: {e}")
+    c.true(e is None or "allreduce #" in str(e), f"op and sequence number not named: {e}")
     c.finish()
     return type(e).__name__
 
@@ -259,6 +266,46 @@ def test_collective_timeout(backend: str, where: str) -> None:
                     pg_timeout=2.0 if where == "init" else None)
     # whoever waited on rank 1 directly raises the timeout error itself
     assert "DistTimeoutError" in res, res
+
+
+def _monitored_barrier_missing_rank(rank: int, ws: int) -> str:
+    """Rank 2 never comes: rank 0 names it in Gloo's words, rank 1 says it reached the barrier."""
+    if rank == 2:
+        time.sleep(2.5)  # alive, just late
+        return "late"
+    try:
+        dist.monitored_barrier(timeout=timedelta(seconds=1))
+    except RuntimeError as e:
+        return str(e)
+    return "passed"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("backend", PROCESS_BACKENDS)
+def test_monitored_barrier_wording(backend: str) -> None:
+    res = run_ranks(backend, 3, _monitored_barrier_missing_rank, timeout=20)
+    assert "Rank 2 failed to pass monitoredBarrier in 1000 ms" in res[0], res
+    assert "monitored_barrier #" in res[0] and "timed out" in res[0], res  # pyc10d's detail
+    assert "Rank 1 successfully reached monitoredBarrier, but received errors" in res[1], res
+
+
+def _monitored_barrier_zero_timeout(rank: int, ws: int) -> str:
+    if rank == 1:
+        return "absent"
+    try:
+        dist.monitored_barrier(timeout=timedelta(seconds=0))
+    except RuntimeError as e:
+        return str(e)
+    return "passed"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("backend", PROCESS_BACKENDS)
+def test_monitored_barrier_no_time_left(backend: str) -> None:
+    res = run_ranks(backend, 2, _monitored_barrier_zero_timeout, timeout=20)
+    assert re.search(r"Rank 0 timed out in monitoredBarrier after 0 ms.*not yet checked in: 1",
+                     res[0]), res
+    assert re.search(TORCH_TIMEOUT_REGEX, res[0]), res
 
 
 def _idle_then_collective(rank: int, ws: int) -> list:

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from ..errors import DistBackendError, DistTimeoutError
+from ..errors import DistBackendError, DistTimeoutError, with_torch_phrase
 from ..transport.base import ANY_SOURCE, RecvHandle, Transport
 from ..types import RedOpType, ReduceOp
 
@@ -126,14 +126,12 @@ class PendingRecv:
         c = self.comm
         try:
             nbytes, meta = self.handle.wait(c.remaining())
-        except DistTimeoutError:
+        except DistTimeoutError as e:
             source = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
-            raise DistTimeoutError(
-                f"{c.op}: rank {c.rank} timed out after {c.timeout:.1f}s waiting for data "
-                f"from {source}"
-            ) from None
-        except Exception as e:
-            raise type(e)(f"{c.op}: rank {c.rank}: {e}") from None
+            detail = f"rank {c.rank} timed out after {c.timeout:.1f}s waiting for data from {source}"
+            raise DistTimeoutError(f"{c.op}: {with_torch_phrase(e, detail)}") from None
+        except Exception as e:  # a point-to-point receive's error is not annotated later
+            raise type(e)(f"{c.op}: {with_torch_phrase(e, f'rank {c.rank}: {e}')}") from None
         if self.peer == ANY_SOURCE:  # the transport matched a sender: name it by group rank
             self.peer = c.ranks.index(self.handle.peer)
         theirs = meta >> 8

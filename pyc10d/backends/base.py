@@ -30,7 +30,13 @@ from typing import Any
 import torch
 
 from ..algorithms.comm import Comm, describe_fingerprint, fingerprint, fingerprint_collective
-from ..errors import DistBackendError, DistError, DistNetworkError, DistTimeoutError
+from ..errors import (
+    DistBackendError,
+    DistError,
+    DistNetworkError,
+    DistTimeoutError,
+    with_torch_phrase,
+)
 from ..transport.base import Transport
 from ..types import UNSET_TIMEOUT
 from . import flight_recorder, watchdog
@@ -386,7 +392,9 @@ class Engine:
 
     def _annotate(self, error: BaseException, work: Work) -> BaseException:
         """Name the group and the operation's sequence number in pyc10d's own errors, so that
-        the logs of different ranks line up (``allreduce #17 in group 'default': ...``)."""
+        the logs of different ranks line up (``allreduce #17 in group 'default': ...``), and lead
+        the detail with torch's phrase for a timeout or a lost peer (``errors.with_torch_phrase``)
+        so code matching torch's backends' wording matches pyc10d's too."""
         if not isinstance(error, DistError):
             return error
         head = f"{work.opname} #{work.seq} in group {self.group_name!r}"
@@ -395,7 +403,7 @@ class Engine:
             return error
         if msg.startswith(f"{work.opname}: "):
             msg = msg[len(work.opname) + 2:]
-        return _reworded(error, f"{head}: {msg}")
+        return _reworded(error, f"{head}: {with_torch_phrase(error, msg)}")
 
     def _explain_failure(self, error: BaseException, work: Work) -> BaseException:
         """A lost peer is reported with the reason a member gave when it aborted (the root

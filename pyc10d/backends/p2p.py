@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
 import torch
 
 from .. import algorithms as algo
-from ..errors import DistBackendError, DistTimeoutError
+from ..errors import DistBackendError, DistError, DistTimeoutError
 from ..types import BarrierOptions
 from . import checks as ck
 from .base import _P2P_BIT, Engine
@@ -152,30 +153,50 @@ class P2POps(Engine):
         algo.barrier_direct(comm)
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
-        """Rank 0 collects a token from every rank, then releases them; names the missing ranks."""
+        """Rank 0 collects a token from every rank, then releases them; names the missing ranks.
+
+        The wording is Gloo's (``Rank 1 failed to pass monitoredBarrier``, ``Rank 0 timed out in
+        monitoredBarrier``, ``Rank 2 successfully reached monitoredBarrier, but received errors
+        ...``), which torch's tests and users' scripts match; pyc10d's cause follows it. A rank
+        that fails in any way (late, dead) has failed to pass, as in Gloo.
+        """
         secs = timeout.total_seconds() if timeout is not None else self.timeout_s
         opts = BarrierOptions(timeout=timedelta(seconds=secs))
+        ms = int(secs * 1000)
 
         def run(comm: algo.Comm) -> None:
             token = torch.zeros(1, dtype=torch.uint8)
             if comm.rank != 0:
-                comm.send(0, token)
-                comm.recv(0, token)
+                try:
+                    comm.send(0, token)
+                    comm.recv(0, token)
+                except DistError as e:
+                    raise type(e)(
+                        f"monitored_barrier: Rank {comm.rank} successfully reached monitoredBarrier, "
+                        f"but received errors while waiting for send/recv from rank 0 ({e})") from None
                 return
-            missing = []
+            deadline = time.monotonic() + secs  # its own: a zero timeout means "none left"
+            missing: list[int] = []
+            causes: list[str] = []
             pending = {p: comm.irecv(p, torch.empty(1, dtype=torch.uint8)) for p in range(1, comm.size)}
             for p, pr in pending.items():
+                if not wait_all_ranks and time.monotonic() >= deadline:
+                    left = ", ".join(str(q) for q in pending if q >= p)
+                    raise DistTimeoutError(
+                        f"monitored_barrier: Rank 0 timed out in monitoredBarrier after {ms} ms; "
+                        f"ranks not yet checked in: {left}")
                 try:
                     pr.wait()
-                except DistTimeoutError:
+                except DistError as e:
                     missing.append(p)
+                    causes.append(str(e))
                     if not wait_all_ranks:
                         break
             if missing:
                 which = ", ".join(str(p) for p in missing)
                 raise DistBackendError(
-                    f"monitored_barrier: rank{'s' if len(missing) > 1 else ''} {which} failed to pass "
-                    f"monitoredBarrier in {int(secs * 1000)} ms"
+                    f"monitored_barrier: Rank{'s' if len(missing) > 1 else ''} {which} failed to pass "
+                    f"monitoredBarrier in {ms} ms ({'; '.join(causes)})"
                 )
             for p in range(1, comm.size):
                 comm.send(p, token)
