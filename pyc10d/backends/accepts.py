@@ -14,6 +14,7 @@ unsigned order onto the signed one) and float8 (reduced in float32, rounded once
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -42,8 +43,24 @@ UINT_WIDE = _dtypes("uint16", "uint32", "uint64")
 #: Every dtype torch has, by name (``torch.float`` and its other aliases once).
 ALL_DTYPES: tuple[torch.dtype, ...] = tuple(sorted(
     {v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str))
-#: Dtypes no collective moves: a quantized tensor's bytes mean nothing without its quantizer.
-UNMOVABLE = frozenset(d for d in ALL_DTYPES if str(d).startswith(("torch.qint", "torch.quint")))
+
+
+def _copies(dtype: torch.dtype) -> bool:
+    """Whether torch can copy a tensor of ``dtype`` (the sub-byte ``int1``-``uint7`` shells
+    cannot: every collective's write-back is a copy)."""
+    try:
+        with warnings.catch_warnings():  # complex32: "ComplexHalf support is experimental"
+            warnings.simplefilter("ignore")
+            torch.empty(1, dtype=dtype).clone()
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+#: Dtypes no collective moves: a quantized tensor's bytes mean nothing without its quantizer,
+#: and torch cannot copy the sub-byte shells.
+UNMOVABLE = frozenset(d for d in ALL_DTYPES
+                      if str(d).startswith(("torch.qint", "torch.quint")) or not _copies(d))
 MOVABLE = frozenset(d for d in ALL_DTYPES if d not in UNMOVABLE)
 
 #: Devices a tensor may live on: CPU tensors are used in place, CUDA ones staged through host
@@ -184,8 +201,8 @@ def _check_slow(opname: str, t: Any, what: str, sparse: bool) -> None:
         raise DistInputError(f"{opname}: argument `{what}`: unsupported layout {t.layout}; accepted: {accepted}")
     if t.is_quantized or t.dtype not in MOVABLE:
         raise DistInputError(
-            f"{opname}: argument `{what}`: invalid scalar type {t.dtype} (a quantized tensor's "
-            f"bytes mean nothing without its quantizer); accepted: every other dtype")
+            f"{opname}: argument `{what}`: invalid scalar type {t.dtype} (pyc10d moves no quantized "
+            f"tensor and no dtype torch cannot copy); accepted: {_names(sorted(MOVABLE, key=str))}")
 
 
 # -- Gloo, for the README: which (dtype, op) torch 2.13's ProcessGroupGloo reduces ------------
@@ -200,7 +217,8 @@ GLOO: dict[str, frozenset[RedOpType]] = {
     "int16": frozenset(),
     "uint16/uint32/uint64": frozenset(),
     "bool": frozenset(_INTEGRAL),
-    "other (bits*, float4, int1-7, uint1-7)": frozenset(),
+    "bits8/bits16/bits1x8/.../float4_e2m1fn_x2": frozenset(),
+    "int1-int7/uint1-uint7 (sub-byte shells)": frozenset(),
 }
 #: One dtype of each README row (pyc10d answers the same for every dtype of a row).
 ROWS: dict[str, tuple[torch.dtype, ...]] = {
@@ -212,9 +230,11 @@ ROWS: dict[str, tuple[torch.dtype, ...]] = {
     "int16": _dtypes("int16"),
     "uint16/uint32/uint64": UINT_WIDE,
     "bool": (torch.bool,),
-    "other (bits*, float4, int1-7, uint1-7)": tuple(sorted(
+    "bits8/bits16/bits1x8/.../float4_e2m1fn_x2": tuple(sorted(
         (d for d in MOVABLE if d not in FLOAT + FLOAT8 + COMPLEX + INT + UINT_WIDE
          and d not in (torch.bool, torch.complex32)), key=str)),
+    "int1-int7/uint1-uint7 (sub-byte shells)": tuple(sorted(
+        (d for d in UNMOVABLE if not str(d).startswith(("torch.qint", "torch.quint"))), key=str)),
 }
 #: The rows whose dtypes Gloo moves at all (broadcast, all_gather, ...; measured as ``GLOO``).
 GLOO_MOVES = frozenset(("float16/bfloat16/float32/float64", "complex64/complex128", "complex32",
