@@ -19,6 +19,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from _multirank import run_ranks  # noqa: E402
+from _reduce_ref import inputs, reference  # noqa: E402
 
 from pyc10d.algorithms.reduce_ops import finish, premultiply, reduce_into  # noqa: E402
 from pyc10d.backends import accepts  # noqa: E402
@@ -31,56 +32,6 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def _red(op: RedOpType) -> ReduceOp:
     return _make_premul_sum(2.0) if op == RedOpType.PREMUL_SUM else ReduceOp(op)
-
-
-def _inputs(dtype: torch.dtype, n: int) -> list[torch.Tensor]:
-    """``n`` ranks' inputs with values that stress the dtype: the extremes of an integer type
-    (unsigned MIN/MAX only come out right if the sign trick is), exact small floats."""
-    g = torch.Generator().manual_seed(7)
-    if dtype == torch.bool:
-        return [torch.randint(0, 2, (16,), generator=g).bool() for _ in range(n)]
-    if not (dtype.is_floating_point or dtype.is_complex):
-        info = torch.iinfo(dtype)
-        pool = [info.min, info.max, 0, 1, 3, info.max - 1, info.min + 1, (info.max + info.min) // 2]
-        return [torch.tensor([pool[int(i)] for i in torch.randint(0, len(pool), (16,), generator=g)],
-                             dtype=dtype) for _ in range(n)]
-    vals = torch.tensor([0.5, 1.0, 1.5, 2.0, 4.0, 0.25])
-    pick = [vals[torch.randint(0, len(vals), (16,), generator=g)] for _ in range(n)]
-    if dtype.is_complex:
-        return [torch.complex(p, p.flip(0)).to(dtype) for p in pick]
-    return [p.to(dtype) for p in pick]
-
-
-def _reference(xs: list[torch.Tensor], op: RedOpType) -> list:
-    """The reduction in Python numbers (integers wrap as the dtype does) or float64."""
-    dtype = xs[0].dtype
-    if dtype.is_floating_point or dtype.is_complex:
-        wide = torch.stack([x.to(torch.complex128 if dtype.is_complex else torch.float64) for x in xs])
-        fn = {RedOpType.SUM: lambda w: w.sum(0), RedOpType.AVG: lambda w: w.sum(0) / len(xs),
-              RedOpType.PREMUL_SUM: lambda w: (w * 2).sum(0), RedOpType.PRODUCT: lambda w: w.prod(0),
-              RedOpType.MIN: lambda w: w.min(0).values, RedOpType.MAX: lambda w: w.max(0).values}[op]
-        return fn(wide).to(dtype).tolist()
-    cols = list(zip(*[x.tolist() for x in xs]))
-    if dtype == torch.bool:
-        red = {RedOpType.SUM: any, RedOpType.MAX: any, RedOpType.BOR: any, RedOpType.PRODUCT: all,
-               RedOpType.MIN: all, RedOpType.BAND: all, RedOpType.BXOR: lambda c: sum(c) % 2 == 1}[op]
-        return [red(c) for c in cols]
-    info, bits = torch.iinfo(dtype), torch.iinfo(dtype).bits
-
-    def wrap(v: int) -> int:
-        v %= 1 << bits
-        return v - (1 << bits) if info.min < 0 and v > info.max else v
-
-    def fold(c: tuple, f) -> int:
-        acc = c[0]
-        for v in c[1:]:
-            acc = f(acc, v)
-        return wrap(acc)
-
-    f = {RedOpType.SUM: lambda a, b: a + b, RedOpType.PRODUCT: lambda a, b: a * b, RedOpType.MIN: min,
-         RedOpType.MAX: max, RedOpType.BAND: lambda a, b: a & b, RedOpType.BOR: lambda a, b: a | b,
-         RedOpType.BXOR: lambda a, b: a ^ b}[op]
-    return [fold(c, f) for c in cols]
 
 
 def _by_plan(xs: list[torch.Tensor], red: ReduceOp, plan: Widen | None) -> list:
@@ -107,9 +58,9 @@ def test_every_accepted_pair_reduces_as_the_reference(n: int) -> None:
     assert len(REDUCIBLE) > 60  # the table is not empty by mistake
     wrong = []
     for dtype, op in REDUCIBLE:
-        xs = _inputs(dtype, n)
+        xs = inputs(dtype, n)
         plan = reduction("allreduce", _red(op), dtype)
-        got, want = _by_plan(xs, _red(op), plan), _reference(xs, op)
+        got, want = _by_plan(xs, _red(op), plan), reference(xs, op).tolist()
         if op == RedOpType.AVG and n % 2:  # x / 3: one rounding here, two in the reference
             eps = torch.finfo(dtype).eps
             same = torch.allclose(torch.tensor(got), torch.tensor(want), rtol=eps, atol=0)
