@@ -32,6 +32,7 @@ from .staging import flat, host, writeback
 from .work import Work
 
 _strided = torch.strided
+_Tensor = torch.Tensor
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -51,15 +52,19 @@ class CollectiveOps(Engine):
             op = ReduceOp.SUM if opts is None else opts.reduceOp
         red = as_reduce_op(op)
         ck.check_non_empty("allreduce", tensors)
-        check_tensors("allreduce", tensors, sparse=True)
         t0 = tensors[0]
-        if t0.layout is not _strided or (len(tensors) > 1 and any(t.is_sparse for t in tensors)):
-            ck.check_same("allreduce", tensors)
-            if red.op != RedOpType.SUM:
-                ck.fail("allreduce", f"unsupported reduction operation {red.name} for sparse tensors")
-            if reduction("allreduce", red, t0.dtype) is not None or t0.dtype == torch.bool:
-                ck.fail("allreduce", f"sparse tensors of {t0.dtype} are not supported")
-            return self._submit("allreduce", lambda c: sparse_allreduce(c, tensors), tensors, opts, _sync, red=red)
+        # One strided CPU tensor, the common case, costs three reads here (its dtype is checked
+        # by ``reduction``, whose table holds no dtype that cannot be moved).
+        if len(tensors) != 1 or t0.__class__ is not _Tensor or t0.layout is not _strided or not t0.is_cpu:
+            check_tensors("allreduce", tensors, sparse=True)
+            if any(t.layout is not _strided for t in tensors):
+                ck.check_same("allreduce", tensors)
+                if red.op != RedOpType.SUM:
+                    ck.fail("allreduce", f"unsupported reduction operation {red.name} for sparse tensors")
+                if reduction("allreduce", red, t0.dtype) is not None or t0.dtype == torch.bool:
+                    ck.fail("allreduce", f"sparse tensors of {t0.dtype} are not supported")
+                return self._submit("allreduce", lambda c: sparse_allreduce(c, tensors), tensors, opts, _sync,
+                                    red=red)
         ck.check_same("allreduce", tensors)
         plan = reduction("allreduce", red, t0.dtype)
         if _src is not None:
