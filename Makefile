@@ -9,7 +9,9 @@
 #               and the per-call cost at world size 1 (python -m pyc10d.bench.percall)
 #   make fuzz   100,000 malformed frames at a live TCPStore server and 100,000 garbage
 #               handshakes at the tcp transport's listener (and bad frames from its peers)
-#               while good clients keep working; prints frames, time and peak memory
+#               while good clients keep working; prints frames, time and peak memory;
+#               then PROPERTY_EXAMPLES (3,000) random collective calls per property test
+#               (tests/test_properties.py; make test runs 60)
 #   make chaos  500 trials: a rank SIGKILLed mid-run on tcp and shm (tests/chaos.py), then
 #               400 of torch's DDP / FSDP2 training on the plugin (pyc10d_shm, pyc10d_tcp)
 #   make torch-suite  torch's own backend suite (torch.testing's distributed_test) on
@@ -25,6 +27,7 @@ STAMP := $(VENV)/.stamp
 BENCH_ARGS ?=
 
 FUZZ_FRAMES ?= 100000
+PROPERTY_EXAMPLES ?= 3000
 
 .PHONY: venv demo test test-launchers fuzz chaos bench torch-suite lint clean
 
@@ -56,6 +59,7 @@ test-launchers: $(STAMP)
 fuzz: $(STAMP)
 	PYC10D_FUZZ_FRAMES=$(FUZZ_FRAMES) PYC10D_FUZZ_HANDSHAKES=100000 $(PY) -m pytest -p no:cacheprovider -s \
 		tests/store/test_store_fuzz.py::test_fuzz_server tests/transport/test_tcp_fuzz.py
+	PYC10D_PROPERTY_EXAMPLES=$(PROPERTY_EXAMPLES) $(PY) -m pytest -p no:cacheprovider tests/test_properties.py
 
 bench: $(STAMP)
 	$(PY) -m pyc10d.bench $(BENCH_ARGS)

@@ -42,6 +42,7 @@ from .device_mesh import DeviceMesh, init_device_mesh
 from .errors import (
     DistBackendError,
     DistError,
+    DistInputError,
     DistNetworkError,
     DistStoreError,
     DistTimeoutError,
@@ -115,7 +116,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AllToAllOptions", "AllgatherOptions", "AllreduceCoalescedOptions", "AllreduceOptions", "Backend",
     "BarrierOptions", "BroadcastOptions", "DeviceMesh", "GradBucket", "Reducer", "nn",
-    "_DEFAULT_FIRST_BUCKET_BYTES", "_compute_bucket_assignment_by_size", "device_mesh", "functional", "init_device_mesh", "DistBackendError", "DistError", "DistNetworkError",
+    "_DEFAULT_FIRST_BUCKET_BYTES", "_compute_bucket_assignment_by_size", "device_mesh", "functional", "init_device_mesh", "DistBackendError", "DistError", "DistInputError", "DistNetworkError",
     "DistStoreError", "DistTimeoutError", "FileStore", "GatherOptions", "GroupMember", "HashStore",
     "P2POp", "PrefixStore", "ProcessGroup", "ProcessGroupGloo", "ReduceOp", "ReduceOptions",
     "ReduceScatterOptions", "ScatterOptions", "Store", "TCPStore", "Work", "all_gather",

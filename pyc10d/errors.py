@@ -28,6 +28,12 @@ class DistNetworkError(DistError):
     """A peer was lost: its connection closed or broke mid-operation."""
 
 
+class DistInputError(DistError, ValueError):
+    """A call refused on the calling rank before anything was posted (a dtype, op, device,
+    layout, size, rank or split it does not accept): the group stays usable. A ``RuntimeError``
+    as Gloo's refusals are, and a ``ValueError`` as torch's Python-level checks are."""
+
+
 class DistBackendError(DistError):
     """A collective failed inside a backend (mismatch between ranks, aborted group, ...)."""
 

@@ -9,30 +9,6 @@ from ..types import RedOpType, ReduceOp
 _BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)
 
 
-_CHECKED: set[tuple[int, torch.dtype]] = set()  # (id of a RedOpType member, dtype) that passed
-
-
-def check_op(op: ReduceOp, dtype: torch.dtype, opname: str) -> None:
-    """Reject (op, dtype) pairs that have no meaning, before any byte moves.
-
-    Runs on every reduction; a pair that passed once is remembered (by the ``id`` of the
-    ``RedOpType`` member, which lives for ever, as ``fingerprint()``'s cache does)."""
-    t = op.op
-    key = (id(t), dtype)
-    if key in _CHECKED:
-        return
-    if t in _BITWISE and (dtype.is_floating_point or dtype.is_complex):
-        raise ValueError(f"{opname}: ReduceOp.{t.name} is not supported for {dtype}")
-    if t in (RedOpType.MIN, RedOpType.MAX) and dtype.is_complex:
-        raise ValueError(f"{opname}: ReduceOp.{t.name} is not supported for complex tensors")
-    if t == RedOpType.AVG and not (dtype.is_floating_point or dtype.is_complex):
-        raise ValueError(f"{opname}: ReduceOp.AVG needs a floating point tensor, got {dtype}")
-    if t == RedOpType.UNUSED:
-        raise ValueError(f"{opname}: ReduceOp.UNUSED is not a reduction")
-    if t.__class__ is RedOpType:
-        _CHECKED.add(key)
-
-
 # The elementwise kernel of each reduction, out of place: (any dtype but bool, bool). AVG and
 # PREMUL_SUM sum here (``finish`` divides; ``premultiply`` scaled the input before). A table,
 # not an if chain: on an 8-byte all_reduce the chain cost as much as the kernel's dispatch.

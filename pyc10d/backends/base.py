@@ -380,7 +380,7 @@ class Engine:
             if log is not None:  # before the dump, which it is part of
                 log.ended[work.seq & log.mask] = -_now()
             error = self._with_trace(self._explain_failure(self._annotate(e, work), work))
-            self._fail_group(error)
+            self._fail_group(error, None if isinstance(error, DistError) else self._cause(error, work))
         finally:
             self._running_op = None
             if error is None and log is not None:
@@ -450,11 +450,21 @@ class Engine:
             return error
         return _reworded(error, f"{error} [flight recorder: {path}]")
 
-    def _fail_group(self, error: BaseException) -> None:
+    def _cause(self, error: BaseException, work: Work) -> str:
+        """What the peers are told when an error not of pyc10d's own (a reduction kernel that
+        failed once bytes had moved, say) fails ``work`` here: which operation, where, and the
+        error's type and text, so that every rank names the cause, not only this one."""
+        return (f"{work.opname} #{work.seq} in group {self.group_name!r} failed on rank {self._rank} "
+                f"after it had started: {type(error).__name__}: {error}")
+
+    def _fail_group(self, error: BaseException, reason: str | None = None) -> None:
+        """Mark the group failed with ``error`` and abort it, telling the peers ``reason``
+        (default: the error's text, which names the group, the operation and this rank)."""
         if self._broken is not None:
             return
         self._broken = error
-        reason = str(error)  # names the group, the operation and this rank (``_annotate``)
+        if reason is None:
+            reason = str(error)  # names the group, the operation and this rank (``_annotate``)
         peers = [g for i, g in enumerate(self.ranks) if i != self._rank]
         self.transport.abort(self.group_key, reason, peers)
         # Receives the failed operation left posted would wait for ever (their buffers are kept

@@ -2,6 +2,7 @@
 
 Messages match torch's Gloo backend ("invalid root rank", "invalid tensor type", ...) so
 code and tests that match on them keep working; every check runs before any byte moves.
+What each collective accepts by dtype, op, device and layout is ``accepts``'s table.
 """
 
 from __future__ import annotations
@@ -10,9 +11,13 @@ from typing import Any
 
 import torch
 
+from ..errors import DistInputError
+
 
 def fail(opname: str, msg: str) -> None:
-    raise RuntimeError(f"ProcessGroup::{opname}: {msg}")
+    """Refuse the call: a ``RuntimeError`` as Gloo's (``DistInputError``), raised before any
+    byte moves, so the group stays usable."""
+    raise DistInputError(f"ProcessGroup::{opname}: {msg}")
 
 
 def as_list(x: Any) -> list:

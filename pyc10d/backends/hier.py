@@ -285,11 +285,11 @@ class HierBackend(Backend):
     def _subs(self) -> list[Engine]:
         return [e for e in (self.local, self.cross) if e is not None]
 
-    def _fail_group(self, error: BaseException) -> None:
+    def _fail_group(self, error: BaseException, reason: str | None = None) -> None:
         if self._broken is None:
             for e in self._subs():
-                e._fail_group(error)
-        super()._fail_group(error)
+                e._fail_group(error, reason)
+        super()._fail_group(error, reason)
 
     def _explain_failure(self, error: BaseException, work: Work) -> BaseException:
         """Say which collective failed when a step did (``allreduce (hierarchical): broadcast:

@@ -1,7 +1,8 @@
 """The low-level collectives of a process group (``pg.allreduce([t], opts)`` ...).
 
-Each method validates its inputs (torch Gloo's messages), then hands a closure to the
-engine. The closure stages tensors to contiguous host memory, picks an algorithm with
+Each method validates its inputs (torch Gloo's messages; dtype × op, device and layout from
+``accepts``'s table) on the calling rank, then hands a closure to the engine: a refused call
+never reaches the engine, so it leaves the group usable. The closure stages tensors to contiguous host memory, picks an algorithm with
 ``algorithms.select`` and writes results back. Lists of several tensors per rank follow
 torch Gloo's semantics (all tensors of all ranks take part).
 """
@@ -13,7 +14,7 @@ from typing import Any
 import torch
 
 from .. import algorithms as algo
-from ..algorithms.reduce_ops import check_op, finish, premultiply, reduce_into
+from ..algorithms.reduce_ops import finish, premultiply, reduce_into
 from ..types import (
     AllreduceCoalescedOptions,
     AllreduceOptions,
@@ -24,10 +25,14 @@ from ..types import (
     as_reduce_op,
 )
 from . import checks as ck
+from .accepts import check_tensor, check_tensors, reduction
 from .base import Engine
 from .sparse import sparse_allreduce
 from .staging import flat, host, writeback
 from .work import Work
+
+_strided = torch.strided
+_Tensor = torch.Tensor
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -47,20 +52,37 @@ class CollectiveOps(Engine):
             op = ReduceOp.SUM if opts is None else opts.reduceOp
         red = as_reduce_op(op)
         ck.check_non_empty("allreduce", tensors)
-        if tensors[0].is_sparse if len(tensors) == 1 else any(t.is_sparse for t in tensors):
-            ck.check_same("allreduce", tensors)
-            if red.op != RedOpType.SUM:
-                ck.fail("allreduce", f"unsupported reduction operation {red.name} for sparse tensors")
-            return self._submit("allreduce", lambda c: sparse_allreduce(c, tensors), tensors, opts, _sync, red=red)
+        t0 = tensors[0]
+        # One strided CPU tensor, the common case, costs three reads here (its dtype is checked
+        # by ``reduction``, whose table holds no dtype that cannot be moved).
+        if len(tensors) != 1 or t0.__class__ is not _Tensor or t0.layout is not _strided or not t0.is_cpu:
+            check_tensors("allreduce", tensors, sparse=True)
+            if any(t.layout is not _strided for t in tensors):
+                ck.check_same("allreduce", tensors)
+                if red.op != RedOpType.SUM:
+                    ck.fail("allreduce", f"unsupported reduction operation {red.name} for sparse tensors")
+                if reduction("allreduce", red, t0.dtype) is not None or t0.dtype == torch.bool:
+                    ck.fail("allreduce", f"sparse tensors of {t0.dtype} are not supported")
+                return self._submit("allreduce", lambda c: sparse_allreduce(c, tensors), tensors, opts, _sync,
+                                    red=red)
         ck.check_same("allreduce", tensors)
-        check_op(red, tensors[0].dtype, "allreduce")
+        plan = reduction("allreduce", red, t0.dtype)
+        if _src is not None:
+            check_tensor("allreduce", _src, "input")
         if self._size == 1 and _src is None and len(tensors) == 1 and red.op != RedOpType.PREMUL_SUM:
             work = self._done_locally("allreduce", tensors)  # the sum of one tensor (AVG: / 1)
             if work is not None:
                 return work
 
-        def run(comm: algo.Comm) -> None:
-            self._allreduce_dense(comm, tensors, red, _src)
+        if plan is None:
+            def run(comm: algo.Comm) -> None:
+                self._allreduce_dense(comm, tensors, red, _src)
+        else:
+            def run(comm: algo.Comm) -> None:
+                wires = [plan.to_wire(t) for t in tensors]
+                self._allreduce_dense(comm, wires, red, None if _src is None else plan.to_wire(_src))
+                for t, w in zip(tensors, wires):
+                    plan.back(t, w)
 
         return self._submit("allreduce", run, tensors, opts, _sync, red=red)
 
@@ -91,19 +113,22 @@ class CollectiveOps(Engine):
         for t in tensors:
             if t.dtype != tensors[0].dtype:
                 ck.fail("allreduce_coalesced", "tensors must all have the same type")
-        ck.check_dense("allreduce_coalesced", tensors)
+        check_tensors("allreduce_coalesced", tensors)
         self._check_device(tensors, "allreduce_coalesced")
-        check_op(red, tensors[0].dtype, "allreduce_coalesced")
+        plan = reduction("allreduce_coalesced", red, tensors[0].dtype)
 
         def run(comm: algo.Comm) -> None:
-            packed = torch.cat([t.detach().reshape(-1).cpu() for t in tensors]) if tensors else None
+            wires = tensors if plan is None else [plan.to_wire(t) for t in tensors]
+            packed = torch.cat([t.detach().reshape(-1).cpu() for t in wires]) if wires else None
             premultiply(packed, red)
             self._allreduce_flat(comm, packed, red)
             finish(packed, red, comm.size)
             offset = 0
-            for t in tensors:
+            for t, w in zip(tensors, wires):
                 n = t.numel()
-                t.detach().copy_(packed[offset:offset + n].view(t.shape))
+                w.detach().copy_(packed[offset:offset + n].view(t.shape))
+                if plan is not None:
+                    plan.back(t, w)
                 offset += n
 
         return self._submit("allreduce_coalesced", run, tensors, opts, _sync, red=red)
@@ -115,6 +140,7 @@ class CollectiveOps(Engine):
         root_rank = opts.rootRank if root is None else root
         ck.check_root_rank("broadcast", root_rank, self._size)
         ck.check_root_tensor("broadcast", opts.rootTensor, len(tensors))
+        check_tensors("broadcast", tensors)
         ck.check_same("broadcast", tensors)
         root_tensor = opts.rootTensor
         if self._size == 1 and len(tensors) == 1:
@@ -142,10 +168,11 @@ class CollectiveOps(Engine):
         ck.check_root_rank("reduce", root_rank, self._size)
         ck.check_root_tensor("reduce", opts.rootTensor, len(tensors))
         ck.check_single("reduce", tensors)
-        check_op(red, tensors[0].dtype, "reduce")
+        check_tensors("reduce", tensors)
+        plan = reduction("reduce", red, tensors[0].dtype)
 
         def run(comm: algo.Comm) -> None:
-            t = tensors[0]
+            t = tensors[0] if plan is None else plan.to_wire(tensors[0])
             h = host(t)
             if comm.rank != root_rank and red.op == RedOpType.PREMUL_SUM:
                 h = h.clone()
@@ -154,6 +181,8 @@ class CollectiveOps(Engine):
             if comm.rank == root_rank:
                 finish(h, red, comm.size)
                 writeback(t, h)
+                if plan is not None:
+                    plan.back(tensors[0], t)
 
         return self._submit("reduce", run, tensors, opts, _sync, red=red, root=root_rank)
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from .. import algorithms as algo
-from ..algorithms.reduce_ops import check_op, finish, premultiply
+from ..algorithms.reduce_ops import finish, premultiply
 from ..types import (
     AllgatherOptions,
     AllToAllOptions,
@@ -17,6 +17,7 @@ from ..types import (
     as_reduce_op,
 )
 from . import checks as ck
+from .accepts import check_tensor, check_tensors, reduction
 from .base import Engine
 from .staging import flat, host, writeback
 from .work import Work
@@ -31,6 +32,14 @@ def _gather_into(comm: algo.Comm, out: torch.Tensor, inp: torch.Tensor) -> None:
     blocks = list(flat(out).split(inp.numel())) if inp.numel() else [flat(out)[:0]] * comm.size
     blocks[comm.rank].copy_(flat(host(inp)))
     algo.select("allgather", comm.size, _nbytes(inp))(comm, blocks)
+
+
+def _check_pairs(opname: str, outputs: list, inputs: list) -> None:
+    """The coalesced forms: as many outputs as inputs, each a tensor pyc10d accepts."""
+    if len(outputs) != len(inputs):
+        ck.fail(opname, f"{len(outputs)} outputs for {len(inputs)} inputs (expected as many)")
+    check_tensors(opname, outputs, "outputs")
+    check_tensors(opname, inputs, "inputs")
 
 
 class GatherOps(Engine):
@@ -62,6 +71,9 @@ class GatherOps(Engine):
         inputs = list(input_tensors)
         outputs = [list(o) for o in output_tensors]
         ck.check_non_empty("allgather", inputs, "input tensor list")
+        check_tensors("allgather", inputs, "input_tensors")
+        for out in outputs:
+            check_tensors("allgather", out, "output_tensors")
         if len(outputs) != len(inputs):
             ck.fail("allgather", "requires input/output tensor lists to have the same length")
         for out in outputs:
@@ -87,6 +99,8 @@ class GatherOps(Engine):
         return self._submit("allgather", run, value, opts, _sync)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions | None = None, _sync: bool = False) -> Work:
+        check_tensor("allgather_into_tensor", output, "output")
+        check_tensor("allgather_into_tensor", input, "input")
         if output.dtype != input.dtype:
             ck.fail("allgather_into_tensor", "output tensor must have the same type as input tensor")
         if output.numel() != input.numel() * self._size:
@@ -102,6 +116,7 @@ class GatherOps(Engine):
     allgather_into_tensor = _allgather_base
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: AllgatherOptions | None = None, _sync: bool = False) -> Work:
+        _check_pairs("allgather_into_tensor_coalesced", outputs, inputs)
         for o, i in zip(outputs, inputs):
             if o.dtype != i.dtype or o.numel() != i.numel() * self._size:
                 ck.fail("allgather_into_tensor_coalesced", "output/input tensor mismatch")
@@ -117,6 +132,9 @@ class GatherOps(Engine):
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: AllgatherOptions | None = None, _sync: bool = False) -> Work:
         if len(output_lists) != self._size:
             ck.fail("allgather_coalesced", "output lists should be equal to world size")
+        check_tensors("allgather_coalesced", input_list, "input_list")
+        for out in output_lists:
+            check_tensors("allgather_coalesced", out, "output_lists")
         for out in output_lists:
             if len(out) != len(input_list):
                 ck.fail("allgather_coalesced", "invalid output tensor list")
@@ -145,9 +163,11 @@ class GatherOps(Engine):
         ck.check_root_rank("gather", root_rank, self._size)
         ck.check_single("gather", input_tensors, "input list")
         inp = input_tensors[0]
+        check_tensor("gather", inp, "input_tensors")
         if self._rank == root_rank:
             ck.check_single("gather", output_tensors, "output list")
             outs = list(output_tensors[0])
+            check_tensors("gather", outs, "output_tensors")
             if len(outs) != self._size:
                 ck.fail("gather", "requires a tensor list of world size on the root")
             ck.check_same("gather", outs, inp)
@@ -175,9 +195,11 @@ class GatherOps(Engine):
         ck.check_root_rank("scatter", root_rank, self._size)
         ck.check_single("scatter", output_tensors, "output list")
         out = output_tensors[0]
+        check_tensor("scatter", out, "output_tensors")
         if self._rank == root_rank:
             ck.check_single("scatter", input_tensors, "input list")
             ins = list(input_tensors[0])
+            check_tensors("scatter", ins, "input_tensors")
             if len(ins) != self._size:
                 ck.fail("scatter", "requires a tensor list of world size on the root")
             ck.check_same("scatter", ins, out)
@@ -202,37 +224,53 @@ class GatherOps(Engine):
         ck.check_single("reduce_scatter", output_tensors, "output list")
         ck.check_single("reduce_scatter", input_tensors, "input list")
         out, ins = output_tensors[0], list(input_tensors[0])
+        check_tensor("reduce_scatter", out, "output")
+        check_tensors("reduce_scatter", ins, "input_list")
         if len(ins) != self._size:
             ck.fail("reduce_scatter", "requires a tensor list of world size")
         ck.check_same("reduce_scatter", ins, out)
-        check_op(red, out.dtype, "reduce_scatter")
+        plan = reduction("reduce_scatter", red, out.dtype)
 
         def run(comm: algo.Comm) -> None:
-            blocks = [flat(host(i)).clone() if red.op.name == "PREMUL_SUM" else flat(host(i)) for i in ins]
+            wins = ins if plan is None else [plan.to_wire(i) for i in ins]
+            wout = out if plan is None else plan.to_wire(out)
+            blocks = [flat(host(i)).clone() if red.op.name == "PREMUL_SUM" else flat(host(i)) for i in wins]
             for b in blocks:
                 premultiply(b, red)
-            h = host(out)
+            h = host(wout)
             self._reduce_scatter_blocks(comm, blocks, flat(h), red)
             finish(h, red, comm.size)
-            writeback(out, h)
+            writeback(wout, h)
+            if plan is not None:
+                plan.back(out, wout)
 
         return self._submit("reduce_scatter", run, [out], opts, _sync, red=red)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions | None = None, op: Any = None, _sync: bool = False) -> Work:
         opts = opts if opts is not None else ReduceScatterOptions()
         red = as_reduce_op(op if op is not None else opts.reduceOp)
+        check_tensor("reduce_scatter_tensor", output, "output")
+        check_tensor("reduce_scatter_tensor", input, "input")
         if output.dtype != input.dtype:
             ck.fail("reduce_scatter_tensor", "input tensor must have the same type as output tensor")
         if input.numel() != output.numel() * self._size:
             ck.fail("reduce_scatter_tensor", "input tensor must be the same size as output size times world size")
-        check_op(red, output.dtype, "reduce_scatter_tensor")
+        plan = reduction("reduce_scatter_tensor", red, output.dtype)
 
         def run(comm: algo.Comm) -> None:
-            self._rs_one(comm, output, input, red)
+            self._rs_widened(comm, output, input, red, plan)
 
         return self._submit("reduce_scatter_tensor", run, [output], opts, _sync, red=red)
 
     reduce_scatter_tensor = _reduce_scatter_base
+
+    def _rs_widened(self, comm: algo.Comm, output: torch.Tensor, input: torch.Tensor, red: Any, plan: Any) -> None:
+        """``_rs_one`` on ``plan``'s wire dtype (``accepts.Widen``; None: as it is)."""
+        if plan is None:
+            return self._rs_one(comm, output, input, red)
+        wout = plan.to_wire(output)
+        self._rs_one(comm, wout, plan.to_wire(input), red)
+        plan.back(output, wout)
 
     def _rs_one(self, comm: algo.Comm, output: torch.Tensor, input: torch.Tensor, red: Any) -> None:
         hin = host(input)
@@ -248,19 +286,23 @@ class GatherOps(Engine):
     def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: ReduceScatterOptions | None = None, _sync: bool = False) -> Work:
         opts = opts if opts is not None else ReduceScatterOptions()
         red = as_reduce_op(opts.reduceOp)
+        _check_pairs("reduce_scatter_tensor_coalesced", outputs, inputs)
         for o, i in zip(outputs, inputs):
             if o.dtype != i.dtype or i.numel() != o.numel() * self._size:
                 ck.fail("reduce_scatter_tensor_coalesced", "output/input tensor mismatch")
+        plans = [reduction("reduce_scatter_tensor_coalesced", red, o.dtype) for o in outputs]
 
         def run(comm: algo.Comm) -> None:
-            for o, i in zip(outputs, inputs):
-                self._rs_one(comm, o, i, red)
+            for o, i, plan in zip(outputs, inputs, plans):
+                self._rs_widened(comm, o, i, red, plan)
 
         return self._submit("reduce_scatter_tensor_coalesced", run, list(outputs), opts, _sync, red=red)
 
     # -- all_to_all -------------------------------------------------------------------------
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None, input_split_sizes: list[int] | None, opts: AllToAllOptions | None = None, _sync: bool = False) -> Work:
         n = self._size
+        check_tensor("alltoall_base", output, "output")
+        check_tensor("alltoall_base", input, "input")
         if output.dtype != input.dtype:
             ck.fail("alltoall_base", f"tensors with different dtypes: output {output.dtype}, input {input.dtype}")
         in_splits = self._splits("alltoall_base", input, input_split_sizes, "input")
@@ -290,6 +332,8 @@ class GatherOps(Engine):
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: AllToAllOptions | None = None, _sync: bool = False) -> Work:
         if len(output_tensors) != self._size or len(input_tensors) != self._size:
             ck.fail("alltoall", "requires tensor lists of world size")
+        check_tensors("alltoall", output_tensors, "output_tensors")
+        check_tensors("alltoall", input_tensors, "input_tensors")
         for t in list(output_tensors) + list(input_tensors):
             if t.dtype != input_tensors[0].dtype:
                 ck.fail("alltoall", "tensors with different dtypes")

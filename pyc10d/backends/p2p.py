@@ -19,6 +19,7 @@ from .. import algorithms as algo
 from ..errors import DistBackendError, DistError, DistTimeoutError
 from ..types import BarrierOptions
 from . import checks as ck
+from .accepts import check_tensors
 from .base import _P2P_BIT, Engine
 from .staging import host, writeback
 from .work import CompletedWork, Work
@@ -114,6 +115,7 @@ class P2POps(Engine):
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Work:  # noqa: N803
         t = ck.as_list(tensors)
         ck.check_single("send", t)
+        check_tensors("send", t)
         if not 0 <= dstRank < self._size or dstRank == self._rank:
             raise ValueError(f"send: invalid destination rank {dstRank} (group size {self._size}, rank {self._rank})")
         comm = self._p2p_comm("send")
@@ -124,6 +126,7 @@ class P2POps(Engine):
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Work:  # noqa: N803
         t = ck.as_list(tensors)
         ck.check_single("recv", t)
+        check_tensors("recv", t)
         if not 0 <= srcRank < self._size or srcRank == self._rank:
             raise ValueError(f"recv: invalid source rank {srcRank} (group size {self._size}, rank {self._rank})")
         comm = self._p2p_comm("recv")
@@ -135,6 +138,7 @@ class P2POps(Engine):
         """Receive from whichever rank sends first with ``tag``; ``source_rank()`` names it."""
         t = ck.as_list(tensors)
         ck.check_single("recv", t)
+        check_tensors("recv", t)
         if self._size == 1:
             raise ValueError("recv: no other rank to receive from in a group of size 1")
         comm = self._p2p_comm("recv")

@@ -225,10 +225,10 @@ class ShmBackend(Backend):
         algo.select_shm("barrier", comm.size, 0, sc.arena.slot_bytes)(sc)
 
     # -- failure and shutdown -----------------------------------------------------------
-    def _fail_group(self, error: BaseException) -> None:
+    def _fail_group(self, error: BaseException, reason: str | None = None) -> None:
         if self._broken is None and self._arena is not None:
-            self._arena.abort(f"group {self.group_name!r}, rank {self._rank}: {error}")
-        super()._fail_group(error)
+            self._arena.abort(f"group {self.group_name!r}, rank {self._rank}: {reason or error}")
+        super()._fail_group(error, reason)
 
     def shutdown(self) -> None:
         arena = self._arena
