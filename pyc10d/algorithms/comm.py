@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from ..errors import DistBackendError, DistTimeoutError
+from ..errors import DistBackendError, DistTimeoutError, with_message
 from ..transport.base import ANY_SOURCE, RecvHandle, Transport
 from ..types import RedOpType, ReduceOp
 
@@ -133,7 +133,7 @@ class PendingRecv:
                 f"from {source}"
             ) from None
         except Exception as e:
-            raise type(e)(f"{c.op}: rank {c.rank}: {e}") from None
+            raise with_message(e, f"{c.op}: rank {c.rank}: {e}") from None
         if self.peer == ANY_SOURCE:  # the transport matched a sender: name it by group rank
             self.peer = c.ranks.index(self.handle.peer)
         theirs = meta >> 8
