@@ -47,12 +47,12 @@ def test_every_timed_call_is_checked() -> None:
         ReduceOp = type("R", (), {"MAX": "max"})
         calls = 0
 
-        def all_reduce(self, t: torch.Tensor, op: object = None) -> None:
+        def all_reduce(self, t: torch.Tensor, op: object = None, group: object = None) -> None:
             self.calls += 1
-            if self.calls == 9 and op is None:  # one timed call in the middle goes wrong
-                t.add_(1)
+            if self.calls == 11 and op is None:  # one timed call in the middle goes wrong
+                t.add_(1)  # (4 warm-up calls, 4 timed + the loop's MAX, then this loop)
 
-        def barrier(self) -> None:
+        def barrier(self, group: object = None) -> None:
             pass
 
     dist = OneRankDist()
@@ -61,6 +61,50 @@ def test_every_timed_call_is_checked() -> None:
     assert len(times) == 3 and not ok
     dist.calls = -100
     assert time_op(dist, Op(dist, "all_reduce", 4, 0, 1, 4), 4, 3, "barrier")[1]
+
+
+def _time_on_threads(op_name: str, sabotage: bool, world: int = 2) -> list[bool]:
+    """``time_op`` of one small op on ``world`` threaded ranks (3 ops a loop, 2 loops); each
+    rank's verdict. With ``sabotage``, the second timed call on every rank does nothing."""
+    import threading
+    from contextlib import nullcontext
+
+    import pyc10d
+    from pyc10d.bench.worker import Op, time_op
+    from pyc10d.testing.sabotage import skip_call
+
+    store, verdicts, errors = pyc10d.HashStore(), [None] * world, []
+
+    def rank_main(rank: int) -> None:
+        try:
+            pyc10d.init_process_group("threaded", store=store, rank=rank, world_size=world)
+            try:
+                op = Op(pyc10d, op_name, 4 * world, rank, world, 3)
+                verdicts[rank] = time_op(pyc10d, op, 3, 2, "loop")[1]
+            finally:
+                pyc10d.destroy_process_group()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    with skip_call(pyc10d, op_name, 2) if sabotage else nullcontext():
+        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert not errors, errors
+    return verdicts
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("op_name", metrics.OPS)
+def test_the_check_fails_when_one_timed_call_does_nothing(op_name: str) -> None:
+    """Outputs are poisoned and inputs reset before every timed loop: a call that writes
+    nothing (run on a clone, so the ranks stay in step) fails the check; untouched, it passes."""
+    assert _time_on_threads(op_name, sabotage=False) == [True, True]
+    verdicts = _time_on_threads(op_name, sabotage=True)
+    # broadcast's root and reduce's non-root hold the right values without the call
+    assert not all(verdicts), f"{op_name}: a call that did nothing passed the check"
 
 
 def test_best_of_rounds_keeps_the_faster_round_and_any_failure() -> None:
