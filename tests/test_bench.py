@@ -166,12 +166,26 @@ def test_readme_tables_come_from_the_reference_file(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_percall_bench_runs(tmp_path) -> None:
-
-
     from pyc10d.bench import percall
 
     assert percall.main(["--backends", "tcp", "--iters", "200", "--reps", "2", "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("percall-*.json")
     rows = json.loads(path.read_text())["rows"]
     assert {(r["backend"], r["op"]) for r in rows} == {(b, op) for b in ("tcp", "torch gloo") for op in percall.OPS}
-    assert all(r["correct"] and r["median_us"] > 0 for r in rows)
+    assert all(r["all_counted"] and r["median_us"] > 0 and r["world_size"] == 1 for r in rows)
+    # the same work on every backend: 200 warm-up calls, then 2 loops of 200
+    assert {(r["iters"], r["calls"], r["counted"]) for r in rows} == {(200, 600, 600)}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "barrier"])
+def test_percall_check_fails_when_one_call_does_nothing(op: str) -> None:
+    import pyc10d
+    from pyc10d.bench import percall
+    from pyc10d.testing.sabotage import skip_call
+
+    with skip_call(pyc10d, op, 55, "drop", only_timed=False):  # 50 warm-up calls, then timed
+        rows = percall._measure(pyc10d, "threaded", 50, 2)
+    row = next(r for r in rows if r["op"] == op)
+    assert not row["all_counted"] and (row["calls"], row["counted"]) == (150, 149)
+    assert all(r["all_counted"] for r in rows if r["op"] != op)
