@@ -189,3 +189,61 @@ def test_percall_check_fails_when_one_call_does_nothing(op: str) -> None:
     row = next(r for r in rows if r["op"] == op)
     assert not row["all_counted"] and (row["calls"], row["counted"]) == (150, 149)
     assert all(r["all_counted"] for r in rows if r["op"] != op)
+
+
+class _StoreProxy:
+    """A store whose methods can be replaced one by one (torch's store object takes no new
+    attributes)."""
+
+    def __init__(self, store: object) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("impl", ["pyc10d", "torch"])
+@pytest.mark.parametrize("op", ["set", "get", "add"])
+def test_store_bench_check_fails_when_one_call_does_nothing(impl: str, op: str) -> None:
+    import time
+
+    from pyc10d.bench import store as bench_store
+    from pyc10d.testing.sabotage import saboteur
+
+    server = bench_store._server(impl)
+    try:
+        client = _StoreProxy(bench_store._client(impl, "127.0.0.1", server.port))
+        client.set("bench/7", b"x" * 16)
+
+        def run(tid: str) -> tuple[int, int]:
+            now = time.monotonic()
+            return bench_store._run_op(client, op, tid, now, now + 0.1, [])
+
+        done, wrong = run("7")
+        assert done > 5 and wrong == 0
+        client.__dict__[op] = saboteur(getattr(client, op), 3, "drop", only_timed=False)
+        client.set("bench/8", b"x" * 16)
+        done, wrong = run("8")
+        assert wrong >= 1, f"{impl} {op}: a call that did nothing passed ({done} calls)"
+    finally:
+        del server
+
+
+@pytest.mark.timeout(30)
+def test_store_bench_wait_probe_fails_for_a_wait_that_never_waits() -> None:
+    import time
+
+    from pyc10d.bench import store as bench_store
+
+    server = bench_store._server("pyc10d")
+    try:
+        client = _StoreProxy(bench_store._client("pyc10d", "127.0.0.1", server.port))
+        client.set("bench/7", b"x" * 16)
+        now = time.monotonic()
+        assert bench_store._run_op(client, "wait", "7", now, now + 0.05, [])[1] == 0
+        client.__dict__["wait"] = lambda keys, timeout=None: None
+        now = time.monotonic()
+        assert bench_store._run_op(client, "wait", "7", now, now + 0.05, [])[1] == 1
+    finally:
+        del server
