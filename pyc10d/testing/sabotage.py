@@ -153,6 +153,17 @@ def skip_call(owner: Any, name: str, nth: int, mode: str = "blind", only_timed: 
         undo()
 
 
+def run_sabotaged(bench: str, target: str, world: int, worker_args: list[str], out: Any,
+                  timeout: float) -> Any:
+    """``pyc10d.bench.launch.run_worker`` of the benchmark module ``bench`` on ``world`` ranks,
+    with ``target`` (``"module:attr:nth:mode"``) sabotaged in every rank: the JSON the
+    workers wrote, or a string saying why there is none (a check that stops the job)."""
+    from pyc10d.bench.launch import run_worker
+
+    return run_worker(__name__, world, worker_args, out, timeout,
+                      env={"PYC10D_SABOTAGE": target, "PYC10D_SABOTAGE_RUN": bench})
+
+
 def main() -> None:
     """``PYC10D_SABOTAGE=module:attr:nth:mode PYC10D_SABOTAGE_RUN=bench.module python -m
     pyc10d.testing.sabotage ARGS``: the benchmark module run with one call sabotaged."""
