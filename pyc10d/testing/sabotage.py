@@ -21,6 +21,7 @@ What "does nothing" means depends on the call (``mode``):
 
 For processes a benchmark launches, ``python -m pyc10d.testing.sabotage`` (as the module
 ``pyc10d.bench.launch.run_worker`` starts) applies ``PYC10D_SABOTAGE=module:attr:nth:mode``
+(several, comma-separated, each with a count of its own)
 and then runs ``PYC10D_SABOTAGE_RUN`` (a benchmark module) as ``__main__`` with the same
 arguments.
 """
@@ -156,7 +157,7 @@ def skip_call(owner: Any, name: str, nth: int, mode: str = "blind", only_timed: 
 def run_sabotaged(bench: str, target: str, world: int, worker_args: list[str], out: Any,
                   timeout: float) -> Any:
     """``pyc10d.bench.launch.run_worker`` of the benchmark module ``bench`` on ``world`` ranks,
-    with ``target`` (``"module:attr:nth:mode"``) sabotaged in every rank: the JSON the
+    with ``target`` (``"module:attr:nth:mode"``, or several joined by commas) sabotaged in every rank: the JSON the
     workers wrote, or a string saying why there is none (a check that stops the job)."""
     from pyc10d.bench.launch import run_worker
 
@@ -167,10 +168,11 @@ def run_sabotaged(bench: str, target: str, world: int, worker_args: list[str], o
 def main() -> None:
     """``PYC10D_SABOTAGE=module:attr:nth:mode PYC10D_SABOTAGE_RUN=bench.module python -m
     pyc10d.testing.sabotage ARGS``: the benchmark module run with one call sabotaged."""
-    where, attr, nth, mode = os.environ["PYC10D_SABOTAGE"].split(":")
-    owner = importlib.import_module(where)
     _arm_timing()
-    setattr(owner, attr, saboteur(getattr(owner, attr), int(nth), mode))
+    for target in os.environ["PYC10D_SABOTAGE"].split(","):
+        where, attr, nth, mode = target.split(":")
+        owner = importlib.import_module(where)
+        setattr(owner, attr, saboteur(getattr(owner, attr), int(nth), mode))
     target = os.environ["PYC10D_SABOTAGE_RUN"]
     sys.argv = [target, *sys.argv[1:]]
     runpy.run_module(target, run_name="__main__", alter_sys=True)
