@@ -56,3 +56,29 @@ def with_torch_phrase(error: BaseException, detail: str) -> str:
     if isinstance(error, DistNetworkError) and PEER_CLOSED not in detail:
         return f"{PEER_CLOSED} ({detail})"
     return detail
+
+
+def with_message(e: BaseException, message: str) -> BaseException:
+    """``e`` again, as an exception of its own type that says ``message``: for re-raising
+    with the operation and rank in front. ``type(e)(message)`` where that works; for a class
+    whose constructor takes other arguments, a subclass of it made here that takes just the
+    message (``isinstance`` and ``except`` still see the original type, and its attributes are
+    copied); failing that, a ``DistBackendError``. Raise the result ``from e`` or ``from None``."""
+    cls = type(e)
+    try:
+        new = cls(message)
+        if str(new) == message:
+            return new
+    except Exception:  # noqa: BLE001 - a constructor with another signature; handled below
+        pass
+    try:
+        sub = type(cls.__name__, (cls,), {
+            "__init__": lambda self, msg: BaseException.__init__(self, msg),
+            "__str__": lambda self: BaseException.__str__(self),
+            "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        })
+        new = sub(message)
+        new.__dict__.update(getattr(e, "__dict__", {}))
+        return new
+    except Exception:  # noqa: BLE001 - a type that cannot be subclassed
+        return DistBackendError(f"{message} ({cls.__name__})")

@@ -47,12 +47,12 @@ def test_every_timed_call_is_checked() -> None:
         ReduceOp = type("R", (), {"MAX": "max"})
         calls = 0
 
-        def all_reduce(self, t: torch.Tensor, op: object = None) -> None:
+        def all_reduce(self, t: torch.Tensor, op: object = None, group: object = None) -> None:
             self.calls += 1
-            if self.calls == 9 and op is None:  # one timed call in the middle goes wrong
-                t.add_(1)
+            if self.calls == 11 and op is None:  # one timed call in the middle goes wrong
+                t.add_(1)  # (4 warm-up calls, 4 timed + the loop's MAX, then this loop)
 
-        def barrier(self) -> None:
+        def barrier(self, group: object = None) -> None:
             pass
 
     dist = OneRankDist()
@@ -61,6 +61,50 @@ def test_every_timed_call_is_checked() -> None:
     assert len(times) == 3 and not ok
     dist.calls = -100
     assert time_op(dist, Op(dist, "all_reduce", 4, 0, 1, 4), 4, 3, "barrier")[1]
+
+
+def _time_on_threads(op_name: str, sabotage: bool, world: int = 2) -> list[bool]:
+    """``time_op`` of one small op on ``world`` threaded ranks (3 ops a loop, 2 loops); each
+    rank's verdict. With ``sabotage``, the second timed call on every rank does nothing."""
+    import threading
+    from contextlib import nullcontext
+
+    import pyc10d
+    from pyc10d.bench.worker import Op, time_op
+    from pyc10d.testing.sabotage import skip_call
+
+    store, verdicts, errors = pyc10d.HashStore(), [None] * world, []
+
+    def rank_main(rank: int) -> None:
+        try:
+            pyc10d.init_process_group("threaded", store=store, rank=rank, world_size=world)
+            try:
+                op = Op(pyc10d, op_name, 4 * world, rank, world, 3)
+                verdicts[rank] = time_op(pyc10d, op, 3, 2, "loop")[1]
+            finally:
+                pyc10d.destroy_process_group()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    with skip_call(pyc10d, op_name, 2) if sabotage else nullcontext():
+        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    assert not errors, errors
+    return verdicts
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("op_name", metrics.OPS)
+def test_the_check_fails_when_one_timed_call_does_nothing(op_name: str) -> None:
+    """Outputs are poisoned and inputs reset before every timed loop: a call that writes
+    nothing (run on a clone, so the ranks stay in step) fails the check; untouched, it passes."""
+    assert _time_on_threads(op_name, sabotage=False) == [True, True]
+    verdicts = _time_on_threads(op_name, sabotage=True)
+    # broadcast's root and reduce's non-root hold the right values without the call
+    assert not all(verdicts), f"{op_name}: a call that did nothing passed the check"
 
 
 def test_best_of_rounds_keeps_the_faster_round_and_any_failure() -> None:
@@ -122,12 +166,84 @@ def test_readme_tables_come_from_the_reference_file(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_percall_bench_runs(tmp_path) -> None:
-
-
     from pyc10d.bench import percall
 
     assert percall.main(["--backends", "tcp", "--iters", "200", "--reps", "2", "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("percall-*.json")
     rows = json.loads(path.read_text())["rows"]
     assert {(r["backend"], r["op"]) for r in rows} == {(b, op) for b in ("tcp", "torch gloo") for op in percall.OPS}
-    assert all(r["correct"] and r["median_us"] > 0 for r in rows)
+    assert all(r["all_counted"] and r["median_us"] > 0 and r["world_size"] == 1 for r in rows)
+    # the same work on every backend: 200 warm-up calls, then 2 loops of 200
+    assert {(r["iters"], r["calls"], r["counted"]) for r in rows} == {(200, 600, 600)}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "barrier"])
+def test_percall_check_fails_when_one_call_does_nothing(op: str) -> None:
+    import pyc10d
+    from pyc10d.bench import percall
+    from pyc10d.testing.sabotage import skip_call
+
+    with skip_call(pyc10d, op, 55, "drop", only_timed=False):  # 50 warm-up calls, then timed
+        rows = percall._measure(pyc10d, "threaded", 50, 2)
+    row = next(r for r in rows if r["op"] == op)
+    assert not row["all_counted"] and (row["calls"], row["counted"]) == (150, 149)
+    assert all(r["all_counted"] for r in rows if r["op"] != op)
+
+
+class _StoreProxy:
+    """A store whose methods can be replaced one by one (torch's store object takes no new
+    attributes)."""
+
+    def __init__(self, store: object) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("impl", ["pyc10d", "torch"])
+@pytest.mark.parametrize("op", ["set", "get", "add"])
+def test_store_bench_check_fails_when_one_call_does_nothing(impl: str, op: str) -> None:
+    import time
+
+    from pyc10d.bench import store as bench_store
+    from pyc10d.testing.sabotage import saboteur
+
+    server = bench_store._server(impl)
+    try:
+        client = _StoreProxy(bench_store._client(impl, "127.0.0.1", server.port))
+        client.set("bench/7", b"x" * 16)
+
+        def run(tid: str) -> tuple[int, int]:
+            now = time.monotonic()
+            return bench_store._run_op(client, op, tid, now, now + 0.1, [])
+
+        done, wrong = run("7")
+        assert done > 5 and wrong == 0
+        client.__dict__[op] = saboteur(getattr(client, op), 3, "drop", only_timed=False)
+        client.set("bench/8", b"x" * 16)
+        done, wrong = run("8")
+        assert wrong >= 1, f"{impl} {op}: a call that did nothing passed ({done} calls)"
+    finally:
+        del server
+
+
+@pytest.mark.timeout(30)
+def test_store_bench_wait_probe_fails_for_a_wait_that_never_waits() -> None:
+    import time
+
+    from pyc10d.bench import store as bench_store
+
+    server = bench_store._server("pyc10d")
+    try:
+        client = _StoreProxy(bench_store._client("pyc10d", "127.0.0.1", server.port))
+        client.set("bench/7", b"x" * 16)
+        now = time.monotonic()
+        assert bench_store._run_op(client, "wait", "7", now, now + 0.05, [])[1] == 0
+        client.__dict__["wait"] = lambda keys, timeout=None: None
+        now = time.monotonic()
+        assert bench_store._run_op(client, "wait", "7", now, now + 0.05, [])[1] == 1
+    finally:
+        del server

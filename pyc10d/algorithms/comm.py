@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from ..errors import DistBackendError, DistTimeoutError, with_torch_phrase
+from ..errors import DistBackendError, DistTimeoutError, with_message, with_torch_phrase
 from ..transport.base import ANY_SOURCE, RecvHandle, Transport
 from ..types import RedOpType, ReduceOp
 
@@ -131,7 +131,7 @@ class PendingRecv:
             detail = f"rank {c.rank} timed out after {c.timeout:.1f}s waiting for data from {source}"
             raise DistTimeoutError(f"{c.op}: {with_torch_phrase(e, detail)}") from None
         except Exception as e:  # a point-to-point receive's error is not annotated later
-            raise type(e)(f"{c.op}: {with_torch_phrase(e, f'rank {c.rank}: {e}')}") from None
+            raise with_message(e, f"{c.op}: {with_torch_phrase(e, f'rank {c.rank}: {e}')}") from None
         if self.peer == ANY_SOURCE:  # the transport matched a sender: name it by group rank
             self.peer = c.ranks.index(self.handle.peer)
         theirs = meta >> 8

@@ -513,6 +513,7 @@ class Engine:
         self.shutdown()
 
     def _check_device(self, tensors: list[torch.Tensor], opname: str) -> None:
+        """CPU tensors, and CUDA ones, which ``staging`` copies through host memory."""
         for t in tensors:
-            if t.device.type not in ("cpu", "meta"):
+            if t.device.type not in ("cpu", "cuda", "meta"):
                 raise RuntimeError(f"{opname}: unsupported device type {t.device.type}")

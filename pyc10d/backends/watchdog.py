@@ -65,8 +65,22 @@ class Watchdog:
                 for engine in engines:
                     try:
                         step(engine)
-                    except Exception as e:  # noqa: BLE001 - a store gone at shutdown; keep watching the rest
-                        log.debug("pyc10d watchdog: %s: %s", engine.group_name, e)
+                    except Exception as e:  # noqa: BLE001 - keep watching the other groups
+                        self._store_failed(engine, e)
+
+    def _store_failed(self, engine: Any, e: Exception) -> None:
+        """A group's store failed under the watchdog: say so at WARNING, once per group, since
+        from then on its stuck ranks may go unreported. A group destroyed meanwhile (its store
+        closed at shutdown, the usual case) only gets a DEBUG line."""
+        with self._lock:
+            live = engine in self._engines
+        if not live or getattr(engine, "_watchdog_store_warned", False):
+            log.debug("pyc10d watchdog: %s: %s", engine.group_name, e)
+            return
+        engine._watchdog_store_warned = True
+        log.warning("pyc10d watchdog: the store of group %r failed (%s: %s); stuck ranks of this "
+                    "group may go unreported until it answers again", engine.group_name,
+                    type(e).__name__, e)
 
 
 def _key(engine: Any, rank: int) -> str:

@@ -142,12 +142,16 @@ def worker(args: argparse.Namespace) -> None:
                 dist.broadcast(p.data, 0)
 
     def check_replicas(block: int) -> None:
-        """After a block of DDP steps every rank holds the same parameters, bit for bit."""
-        mine = torch.stack([p.detach().double().sum() for p in params])
+        """After a block of DDP steps every rank holds the same parameters, bit for bit: every
+        parameter's bytes (as integers, so -0.0 is not 0.0 and a NaN is not equal to
+        nothing) against every other rank's."""
+        mine = torch.cat([p.detach().reshape(-1) for p in params]).view(torch.int32)
         everyone = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(everyone, mine)
-        if any(not torch.equal(other, mine) for other in everyone):
-            fail(f"parameters differ between ranks after block {block} of DDP steps")
+        differ = [r for r, other in enumerate(everyone) if not torch.equal(other, mine)]
+        if differ:
+            fail(f"parameters differ between ranks after block {block} of DDP steps "
+                 f"(rank {rank}'s against rank(s) {differ})")
 
     def fill_buffers() -> None:
         for b in buffers:

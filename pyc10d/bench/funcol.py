@@ -11,7 +11,9 @@ ranks (``pyc10d.run``); every rank times, in the same processes and back to back
   (``functional-async``, what a host with spare cores gets). The APIs' loops alternate, and
   ``ratio`` is the median of the ratios of adjacent loops: on a shared machine load drifts,
   and a ratio of two loops a few milliseconds apart sees the least of it. Every timed result
-  is checked after its loop (each op of a loop writes a tensor of its own).
+  is checked after its loop: each op of a loop writes a tensor of its own, poisoned with NaN
+  before the loop, and each functional call of the run reduces an input whose sum no other
+  call has, so an output no call wrote, or an earlier call's, fails the check.
 * overlap (asynchronous functional all_reduce): a matmul alone (sized to take about as long
   as the collective), the all_reduce alone, and the all_reduce started, the matmul run, then
   the result used. The hidden share is ``(t_comm + t_matmul - t_both) / min(t_comm, t_matmul)``.
@@ -57,13 +59,18 @@ def _worker(args: argparse.Namespace) -> None:
         k = args.iters if nbytes <= 64 * 1024 else max(10, args.iters // 10)
         x = torch.full((count,), float(rank + 1))
         bufs = [x.clone() for _ in range(k)]
+        # the functional calls' inputs: call i of loop r gets (rank + 1) * m, m = r * k + i + 1,
+        # so every call of the run has a result of its own and an output left over from an
+        # earlier call (a recycled buffer nothing wrote) fails the check
+        ins = [torch.empty(count) for _ in range(k)]
         outs: list[Any] = [None] * k
+        mult = [0.0] * k
 
         def inplace(i: int, bufs: list[Any] = bufs) -> None:
             dist.all_reduce(bufs[i])
 
-        def functional(i: int, outs: list[Any] = outs, x: Any = x) -> None:
-            outs[i] = ft_c.wait_tensor(ft_c.all_reduce(x, "sum", group))
+        def functional(i: int, outs: list[Any] = outs, ins: list[Any] = ins) -> None:
+            outs[i] = ft_c.wait_tensor(ft_c.all_reduce(ins[i], "sum", group))
 
         def functional_async(i: int, configured: int | None = _eager.INLINE_BYTES) -> None:
             _eager.INLINE_BYTES = _eager.DEFAULT_INLINE_BYTES
@@ -76,14 +83,23 @@ def _worker(args: argparse.Namespace) -> None:
         times: dict[str, list[float]] = {name: [] for name, _ in apis}
         ok = {name: True for name, _ in apis}
         for _, body in apis:
+            ins[0].copy_(x)
             body(0)  # warm-up
+        loop = 0
         for _ in range(args.reps):  # the two APIs take turns, so drifting load hits both alike
             for name, body in apis:
-                for b in bufs:
+                loop += 1
+                for i, b in enumerate(bufs):  # untimed: fresh inputs, poisoned outputs
                     b.copy_(x)
+                    mult[i] = float((loop - 1) * k + i + 1)
+                    ins[i].fill_((rank + 1) * mult[i])
+                outs[:] = [torch.full((count,), float("nan")) for _ in range(k)]
                 times[name].append(_loop_time(dist, body, k, 1))
-                results = bufs if name == "in-place" else outs
-                ok[name] = ok[name] and all(bool((r == total).all()) for r in results)
+                if name == "in-place":
+                    good = all(bool((b == total).all()) for b in bufs)
+                else:
+                    good = all(bool((o == total * m).all()) for o, m in zip(outs, mult))
+                ok[name] = ok[name] and good
                 outs[:] = [None] * k
         for name, _ in apis:
             ratios = [f / i for i, f in zip(times["in-place"], times[name])]
@@ -102,17 +118,37 @@ def _overlap(dist: Any, ft_c: Any, args: argparse.Namespace, rank: int, n: int, 
     import torch
 
     count = args.overlap_bytes // 4
-    x = torch.full((count,), float(rank + 1))
     total = n * (n + 1) / 2
+    # Inputs taken in turn, each with a result of its own (total * (j + 1)): a call that
+    # returned an earlier call's output fails the check. Every result is checked in full
+    # after its loop, outside the timing.
+    ring = [torch.full((count,), float((rank + 1) * (j + 1))) for j in range(5)]
+    turn = [0]
+    results: list[tuple[Any, float]] = []
 
-    def comm() -> Any:
-        return ft_c.all_reduce(x, "sum", group)
+    def comm() -> tuple[Any, float]:
+        j = turn[0] % len(ring)
+        turn[0] += 1
+        return ft_c.all_reduce(ring[j], "sum", group), total * (j + 1)
 
-    def t_of(fn: Any) -> float:
+    def t_of(fn: Any, keep: bool = False) -> float:
         fn()
-        return _loop_time(dist, lambda i: fn(), 5, args.reps)
+        loops = []
+        for _ in range(args.reps):
+            results.clear()
+            loops.append(back_to_back(dist, lambda i: fn(), 5))
+            if keep:
+                checked.extend(bool((y == want).all()) for y, want in results)
+        results.clear()
+        return statistics.median(loops)
 
-    t_comm = t_of(lambda: ft_c.wait_tensor(comm()))
+    checked: list[bool] = []
+
+    def comm_alone() -> None:
+        y, want = comm()
+        results.append((ft_c.wait_tensor(y), want))
+
+    t_comm = t_of(comm_alone, keep=True)
     # a square matmul that takes about as long as the collective (same size on every rank)
     m = 64
     a = torch.randn(m, m)
@@ -125,15 +161,14 @@ def _overlap(dist: Any, ft_c: Any, args: argparse.Namespace, rank: int, n: int, 
     dist.all_reduce(dims, op=dist.ReduceOp.MAX)
     a = torch.randn(int(dims), int(dims))
     t_mm = t_of(lambda: a @ a)
-    results: list[Any] = []
 
     def both() -> None:
-        y = comm()
+        y, want = comm()
         _ = a @ a
-        results.append(float(y[0]))
+        results.append((ft_c.wait_tensor(y), want))  # the result used
 
-    t_both = t_of(both)
-    ok = all(v == total for v in results)
+    t_both = t_of(both, keep=True)
+    ok = bool(checked) and all(checked)
     hidden = (t_comm + t_mm - t_both) / min(t_comm, t_mm)
     return [{"kind": "overlap", "backend": args.backend, "world_size": n, "bytes": count * 4,
              "matmul_n": int(dims), "comm_us": t_comm * 1e6, "matmul_us": t_mm * 1e6,

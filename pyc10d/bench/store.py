@@ -7,7 +7,8 @@ libuv server) and drives it from client *processes*, each running a share of the
 after another: ``set``, ``get`` (of a key that is there), ``add`` and ``wait`` (for a key that
 is there, so this is the round trip of a wait, not a parked one). torch's client does not
 wait for an answer to ``set`` (its server sends none), so torch's set figures count requests
-sent, not requests served; pyc10d's protocol answers every set. 1 client is one process
+sent, not requests served; pyc10d's protocol answers every set. Each set writes a key of its
+own, read back after the window (see ``_run_op``). 1 client is one process
 with one thread; more are spread over ``--procs`` processes (4 by default: 512 clients are 4 x
 128 threads). Both stores get the same processes, threads and keys.
 
@@ -47,20 +48,51 @@ def _client(impl: str, host: str, port: int) -> Any:
                     wait_for_workers=False)
 
 
+def _value(j: int) -> bytes:
+    """The 16 bytes the ``j``-th set of a client writes: its own number, so a read-back tells
+    every write apart."""
+    return b"%016d" % j
+
+
+def _read_back(store: Any, tid: str, count: int, batch: int = 1000) -> int:
+    """How many of the ``count`` keys a client's sets wrote are missing or hold another value
+    than their write's (``check`` first: ``multi_get`` of a missing key would wait for it)."""
+    wrong = 0
+    for start in range(0, count, batch):
+        keys = [f"bench/s/{tid}/{j}" for j in range(start, min(start + batch, count))]
+        present = keys if store.check(keys) else [k for k in keys if store.check([k])]
+        wrong += len(keys) - len(present)
+        got = store.multi_get(present) if present else []
+        wrong += sum(bytes(v) != _value(int(k.rsplit("/", 1)[1])) for k, v in zip(present, got))
+    return wrong
+
+
 def _run_op(store: Any, op: str, tid: str, t0: float, t1: float, lat: list[float]) -> tuple[int, int]:
     """Issue ``op`` back to back until ``t1``: (ops inside [t0, t1], wrong answers among all
     issued); latencies (us) of the ops inside the window go to ``lat``. Every answer is
     checked: a get returns the value, an add the counter's previous value + 1 (each client
-    counts on a key of its own), a set and a wait return nothing."""
+    counts on a key of its own). A set writes a key of its own (``bench/s/<client>/<j>``, its
+    number as the value), and after the window every one of them is read back. A wait (for a
+    key that is there) answers "ready" and nothing else, so no answer can show that a wait did
+    nothing: after the window a wait for a missing key must time out instead."""
     key, value, counter = f"bench/{tid}", b"x" * 16, f"bench/n/{tid}"
     last = [store.add(counter, 0)]
+    sets = [0]
 
     def add() -> bool:
         n = store.add(counter, 1)
+        if not isinstance(n, int):
+            return False  # a broken answer: the counter's count stays where it was
         ok, last[0] = n == last[0] + 1, n
         return ok
 
-    call = {"set": lambda: store.set(key, value) is None, "get": lambda: store.get(key) == value,
+    def set_() -> bool:
+        j = sets[0]
+        sets[0] = j + 1
+        store.set(f"bench/s/{tid}/{j}", _value(j))
+        return True  # checked by reading back, after the window
+
+    call = {"set": set_, "get": lambda: store.get(key) == value,
             "add": add, "wait": lambda: store.wait([key]) is None}[op]
     now = time.monotonic
     wrong = 0
@@ -70,12 +102,23 @@ def _run_op(store: Any, op: str, tid: str, t0: float, t1: float, lat: list[float
     while True:
         a = now()
         if a >= t1:
-            return done, wrong
+            break
         wrong += not call()
         b = now()
         if b <= t1:
             done += 1
             lat.append((b - a) * 1e6)
+    if op == "set":
+        wrong += _read_back(store, tid, sets[0])
+    elif op == "wait":
+        from datetime import timedelta
+
+        try:
+            store.wait([f"bench/absent/{tid}"], timedelta(milliseconds=50))
+            wrong += 1  # returned for a key nobody set
+        except Exception:  # noqa: BLE001 - a timeout, under either store's name for it
+            pass
+    return done, wrong
 
 
 def _worker(impl: str, host: str, port: int, threads: int, first: int) -> None:

@@ -6,12 +6,17 @@ Every figure is the median over ``--reps`` loops of the slowest rank's time per 
 
 * all_reduce (AVG) of a ``--mib`` MiB float32 tensor: ``pyc10d.all_reduce`` of a tensor
   from ``empty_strided_p2p`` (which the shm backend reduces straight out of the peers'
-  memory), of an ordinary one (the arena), and torch's Gloo ``all_reduce``.
+  memory), of an ordinary one (the arena), and torch's Gloo ``all_reduce`` (SUM: Gloo has no
+  AVG). One call a loop, its input refilled before it (untimed) and its result checked.
 * ``fused_all_gather_matmul`` and ``fused_matmul_reduce_scatter`` against their
   ``_fallback`` (functional collective, then matmul), sized so that the collective alone and
   the matmul alone take similar time. ``overlap`` is the share of the shorter of the two
   that the fused op hid: ``(t_comm + t_mm - t_fused) / min(t_comm, t_mm)``, clipped to
-  [0, 1] (0: the fused op took as long as both in turn).
+  [0, 1] (0: the fused op took as long as both in turn). The inputs are small integers held
+  as floats, so every result is exact: each timed call's, fused or not, must equal the
+  unfused result bit for bit (each call of a loop has inputs of its own).
+
+A failed check is named in the record's ``wrong`` and makes the run exit 1.
 
 Prints a table and writes ``<out>/symm_mem-<time>.json``.
 """
@@ -32,22 +37,68 @@ from typing import Any
 from pyc10d.bench.launch import run_worker
 from pyc10d.bench.timing import back_to_back
 
+Body = Callable[[int], Any]
 
-def _times(dist: Any, fns: dict[str, Callable[[], Any]], k: int, reps: int) -> dict[str, float]:
-    """Per name: median over ``reps`` of (``k`` calls of ``fn``) / k, the slowest rank's
-    (seconds). The functions take turns within each round, so load from elsewhere on the
-    host hits them alike."""
-    for fn in fns.values():
-        fn()  # warm-up
+
+def _times(dist: Any, fns: dict[str, tuple[Body, Callable[[], None], Callable[[], bool]]], k: int,
+           reps: int, wrong: list[str], what: str) -> dict[str, float]:
+    """Per name: median over ``reps`` of (``k`` calls ``body(0) .. body(k - 1)``) / k, the
+    slowest rank's (seconds). Before each loop ``prepare()`` resets its inputs and poisons its
+    outputs, after it ``check()`` compares every call's result with the exact expected one
+    (both untimed); a failed check is added to ``wrong``. The functions take turns within each
+    round, so load from elsewhere on the host hits them alike."""
+    for body, prepare, _ in fns.values():  # warm-up
+        prepare()
+        body(0)
     out: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            out[name].append(back_to_back(dist, lambda i, fn=fn: fn(), k))
+    for r in range(reps):
+        for name, (body, prepare, check) in fns.items():
+            prepare()
+            out[name].append(back_to_back(dist, body, k))
+            if not check():
+                wrong.append(f"{what} {name}: a timed call of loop {r} gave a wrong result")
     return {name: statistics.median(v) for name, v in out.items()}
 
 
 def _overlap(t_comm: float, t_mm: float, t_fused: float) -> float:
     return min(1.0, max(0.0, (t_comm + t_mm - t_fused) / min(t_comm, t_mm)))
+
+
+def _calls(k: int, fn: Callable[[int], Any], want: list[Any]
+           ) -> tuple[Body, Callable[[], None], Callable[[], bool]]:
+    """Timed calls of a function that returns its result (``fn(i)``, i < k): each call's
+    result is kept (the slots poisoned with None before the loop) and checked bit for bit
+    against ``want[i]``, which may be a tensor or a tuple / list of tensors."""
+    import torch
+
+    got: list[Any] = [None] * k
+
+    def body(i: int) -> None:
+        got[i] = fn(i)
+
+    def prepare() -> None:
+        got[:] = [None] * k
+
+    def same(a: Any, b: Any) -> bool:
+        if isinstance(b, (list, tuple)):
+            return isinstance(a, (list, tuple)) and len(a) == len(b) and all(map(same, a, b))
+        return isinstance(a, torch.Tensor) and torch.equal(a, b)
+
+    return body, prepare, lambda: all(same(g, w) for g, w in zip(got, want))
+
+
+def _in_place(t: Any, fill: float, want: float, call: Callable[[], Any]
+              ) -> tuple[Body, Callable[[], None], Callable[[], bool]]:
+    """A timed in-place all_reduce of ``t``: its input refilled with ``fill`` before every
+    call (untimed: one call a loop), its result compared with ``want`` everywhere."""
+    return (lambda i: call(), lambda: t.fill_(fill), lambda: bool((t == want).all()))
+
+
+def _everyones(dist: Any, wrong: list[str]) -> list[str]:
+    """Every rank's failed checks, each named by its rank (rank 0 writes the record)."""
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, wrong)
+    return [f"rank {r}: {w}" for r, ws in enumerate(everyone) for w in ws]
 
 
 def _pyc10d_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -61,47 +112,56 @@ def _pyc10d_worker(args: argparse.Namespace) -> dict[str, Any]:
     n, rank, g = dist.get_world_size(), dist.get_rank(), "0"
     symm.enable_symm_mem_for_group(g)
     numel = args.mib * (1 << 20) // 4
-    rec: dict[str, Any] = {"world_size": n}
+    wrong: list[str] = []
+    rec: dict[str, Any] = {"world_size": n, "wrong": wrong}
 
-    # AVG keeps the values where they are after the first call ((n + 1) / 2 everywhere), so
-    # every timed call works on finite numbers and every result can be checked; SUM would
-    # double them each call and time arithmetic on infinities.
-    want = (n + 1) / 2
-    plain = torch.full((numel,), float(rank + 1))
+    # Rank r holds n * (r + 1): the AVG is n (n + 1) / 2 exactly whichever way it is computed,
+    # and each loop's one call starts from these values again (they are not the result).
+    mine, want = float(n * (rank + 1)), n * (n + 1) / 2
+    plain = torch.empty(numel)
     sym = symm.empty_strided_p2p((numel,), (1,), torch.float32, "cpu", g)
-    sym.fill_(float(rank + 1))
-    ar = _times(dist, {"symm": lambda: dist.all_reduce(sym, op=dist.ReduceOp.AVG),
-                       "shm": lambda: dist.all_reduce(plain, op=dist.ReduceOp.AVG)}, 1, args.reps)
-    for what, t in (("symmetric", sym), ("shm", plain)):
-        if not bool((t == want).all()):
-            raise AssertionError(f"{what} all_reduce gave a wrong result")
+    ar = _times(dist, {
+        "symm": _in_place(sym, mine, want, lambda: dist.all_reduce(sym, op=dist.ReduceOp.AVG)),
+        "shm": _in_place(plain, mine, want, lambda: dist.all_reduce(plain, op=dist.ReduceOp.AVG)),
+    }, 1, args.reps, wrong, "all_reduce")
     rec["allreduce_symm_ms"], rec["allreduce_shm_ms"] = 1e3 * ar["symm"], 1e3 * ar["shm"]
 
-    torch.manual_seed(rank)
+    # Small integers as floats: every product and sum is exact, so the fused ops must equal
+    # the unfused ones bit for bit whatever order they add in. Each of the k calls of a loop
+    # has inputs of its own, so a call that handed back an earlier result fails its check.
+    k = 3
+    gen = torch.Generator().manual_seed(rank)
+
+    def ints(*shape: int) -> torch.Tensor:
+        return torch.randint(-4, 5, shape, generator=gen).float()
+
     rows, k_dim, n_dim = args.ag_shape
-    a_shard = torch.rand(rows // n, k_dim)
-    bs = [torch.rand(k_dim, n_dim)]
-    gathered = ft_c.wait_tensor(ft_c.all_gather_tensor(a_shard, 0, g))
+    shards = [ints(rows // n, k_dim) for _ in range(k)]
+    bs = [ints(k_dim, n_dim) for _ in range(k)]
+    ag_ref = [symm._fused_all_gather_matmul_fallback(shards[i], [bs[i]], 0, g) for i in range(k)]
+    gathered = [ref[0] for ref in ag_ref]
     ag = _times(dist, {
-        "comm": lambda: ft_c.wait_tensor(ft_c.all_gather_tensor(a_shard, 0, g)),
-        "mm": lambda: [torch.matmul(gathered, b) for b in bs],
-        "fallback": lambda: symm._fused_all_gather_matmul_fallback(a_shard, bs, 0, g),
-        "fused": lambda: symm.fused_all_gather_matmul(a_shard, bs, 0, g),
-    }, 3, args.reps)
+        "comm": _calls(k, lambda i: ft_c.wait_tensor(ft_c.all_gather_tensor(shards[i], 0, g)), gathered),
+        "mm": _calls(k, lambda i: torch.matmul(gathered[i], bs[i]), [ref[1][0] for ref in ag_ref]),
+        "fallback": _calls(k, lambda i: symm._fused_all_gather_matmul_fallback(shards[i], [bs[i]], 0, g), ag_ref),
+        "fused": _calls(k, lambda i: symm.fused_all_gather_matmul(shards[i], [bs[i]], 0, g), ag_ref),
+    }, k, args.reps, wrong, "ag_mm")
     rows, k_dim, n_dim = args.rs_shape
-    a, b = torch.rand(rows, k_dim), torch.rand(k_dim, n_dim)
-    product = a @ b
+    as_, bs = [ints(rows, k_dim) for _ in range(k)], [ints(k_dim, n_dim) for _ in range(k)]
+    products = [a @ b for a, b in zip(as_, bs)]
+    rs_ref = [symm._fused_matmul_reduce_scatter_fallback(as_[i], bs[i], "sum", 0, g) for i in range(k)]
     rs = _times(dist, {
-        "comm": lambda: ft_c.wait_tensor(ft_c.reduce_scatter_tensor(product, "sum", 0, g)),
-        "mm": lambda: a @ b,
-        "fallback": lambda: symm._fused_matmul_reduce_scatter_fallback(a, b, "sum", 0, g),
-        "fused": lambda: symm.fused_matmul_reduce_scatter(a, b, "sum", 0, g),
-    }, 3, args.reps)
+        "comm": _calls(k, lambda i: ft_c.wait_tensor(ft_c.reduce_scatter_tensor(products[i], "sum", 0, g)), rs_ref),
+        "mm": _calls(k, lambda i: as_[i] @ bs[i], products),
+        "fallback": _calls(k, lambda i: symm._fused_matmul_reduce_scatter_fallback(as_[i], bs[i], "sum", 0, g), rs_ref),
+        "fused": _calls(k, lambda i: symm.fused_matmul_reduce_scatter(as_[i], bs[i], "sum", 0, g), rs_ref),
+    }, k, args.reps, wrong, "mm_rs")
     for name, d in (("ag_mm", ag), ("mm_rs", rs)):
         for key, value in d.items():
             rec[f"{name}_{key}_ms"] = 1e3 * value
         rec[f"{name}_overlap"] = _overlap(d["comm"], d["mm"], d["fused"])
         rec[f"{name}_speedup"] = d["fallback"] / d["fused"]
+    rec["wrong"] = _everyones(dist, wrong)
     dist.destroy_process_group()
     return rec
 
@@ -111,12 +171,14 @@ def _gloo_worker(args: argparse.Namespace) -> dict[str, Any]:
     import torch.distributed as dist
 
     dist.init_process_group(backend="gloo", init_method="env://")
-    # Gloo has no AVG: SUM of zeros stays finite (and checkable) however often it runs
-    plain = torch.zeros(args.mib * (1 << 20) // 4)
-    ms = 1e3 * _times(dist, {"gloo": lambda: dist.all_reduce(plain)}, 1, args.reps)["gloo"]
-    if not bool((plain == 0).all()):
-        raise AssertionError("gloo all_reduce gave a wrong result")
-    rec = {"world_size": dist.get_world_size(), "allreduce_gloo_ms": ms}
+    n, rank = dist.get_world_size(), dist.get_rank()
+    # Gloo has no AVG: SUM, of the same values as pyc10d's side, refilled before every call
+    plain = torch.empty(args.mib * (1 << 20) // 4)
+    wrong: list[str] = []
+    ms = 1e3 * _times(dist, {"gloo": _in_place(plain, float(n * (rank + 1)), n * n * (n + 1) / 2,
+                                               lambda: dist.all_reduce(plain))}, 1, args.reps, wrong,
+                       "all_reduce")["gloo"]
+    rec = {"world_size": n, "allreduce_gloo_ms": ms, "wrong": _everyones(dist, wrong)}
     dist.destroy_process_group()
     return rec
 
@@ -190,12 +252,14 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(rec, str):
                 failures.append(f"pyc10d-shm x{world}: {rec}")
                 continue
+            failures += [f"pyc10d-shm x{world}: {w}" for w in rec["wrong"]]
             if not args.no_gloo:
                 gloo = _run_job("torch-gloo", world, args, Path(tmp))
                 if isinstance(gloo, str):
                     failures.append(f"torch-gloo x{world}: {gloo}")
                 else:
                     rec["allreduce_gloo_ms"] = gloo["allreduce_gloo_ms"]
+                    failures += [f"torch-gloo x{world}: {w}" for w in gloo["wrong"]]
             records.append(rec)
     print("\n".join(_table(records, args)))
     for f in failures:

@@ -6,10 +6,11 @@ starts one worker with ``--world-size N`` instead, whose ranks are N threads.
 
 Every rank joins the group over ``env://``; for each op and size it builds K sets of float32
 buffers, and times loops of K calls back to back (``--mode loop``, the default) or K calls
-each after a barrier (``--mode barrier``); every timed call's result is checked against
-values computed locally. Each loop's time per op is reduced with MAX over the ranks (the op
-is done when its slowest rank is), and rank 0 writes one record per (op, size) with the
-median, mean and min over loops to ``--out``.
+each after a barrier (``--mode barrier``); every loop starts from poisoned outputs and fresh
+inputs (see ``Op``), and every timed call's result is checked against values computed
+locally. Each loop's time per op is reduced with MAX over the ranks (the op is done when its
+slowest rank is), and rank 0 writes one record per (op, size) with the median, mean and min
+over loops to ``--out``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from pyc10d.bench import metrics
+from pyc10d.bench import metrics, timing
 
 
 def load_backend(name: str) -> tuple[ModuleType, str]:
@@ -46,10 +47,16 @@ def load_backend(name: str) -> tuple[ModuleType, str]:
 class Op:
     """One op over ``count`` float32 elements, on ``k`` buffer sets of its own: call ``run(i)``
     for i < k, then ``check()`` tells whether every one of those calls gave the right answer.
-    ``reset()`` restores the inputs (in-place ops overwrite them), outside any timing."""
+    ``reset()``, outside any timing, starts a loop from scratch: every output is poisoned
+    with NaN (which equals nothing, so an output a call left unwritten fails the check) and
+    every input gets its rank's values back (in-place ops overwrite them; a call that did
+    nothing leaves those values, which are not the result at world size 2 and up)."""
 
     def __init__(self, dist: ModuleType, op: str, count: int, rank: int, n: int, k: int) -> None:
         self.run, self.check, self.reset = _make(dist, op, count, rank, n, k)
+
+
+POISON = float("nan")
 
 
 def _make(dist: ModuleType, op: str, count: int, rank: int, n: int, k: int
@@ -65,34 +72,40 @@ def _make(dist: ModuleType, op: str, count: int, rank: int, n: int, k: int
         elif op == "reduce":
             def run(i: int) -> Any:
                 return dist.reduce(bufs[i], dst=0)
-            want = total if rank == 0 else mine
+            want = total if rank == 0 else mine  # torch leaves a non-root's tensor alone
         else:
             def run(i: int) -> Any:
                 return dist.broadcast(bufs[i], src=0)
             want = 1.0
 
-        def reset() -> None:
+        def reset() -> None:  # the buffer is input and output: its input is the poison
             for b in bufs:
                 b.fill_(mine)
 
         return run, (lambda: all(bool((b == want).all()) for b in bufs)), reset
     part = count // n
+    outs = [torch.full((count if op != "reduce_scatter_tensor" else part,), POISON)
+            for _ in range(k)]
+
+    def poison() -> None:
+        for o in outs:
+            o.fill_(POISON)
+
     if op == "all_gather_into_tensor":
-        inp, outs = torch.full((part,), mine), [torch.empty(count) for _ in range(k)]
+        inp = torch.full((part,), mine)
         gathered = torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(part)
         return ((lambda i: dist.all_gather_into_tensor(outs[i], inp)),
-                (lambda: all(torch.equal(o, gathered) for o in outs)), lambda: None)
+                (lambda: all(torch.equal(o, gathered) for o in outs)), poison)
     if op == "reduce_scatter_tensor":
-        inp, outs = torch.full((count,), mine), [torch.empty(part) for _ in range(k)]
+        inp = torch.full((count,), mine)
         return ((lambda i: dist.reduce_scatter_tensor(outs[i], inp)),
-                (lambda: all(bool((o == total).all()) for o in outs)), lambda: None)
+                (lambda: all(bool((o == total).all()) for o in outs)), poison)
     if op == "all_to_all_single":
         # chunk j of rank r holds r*n + j; rank r receives chunk r of every rank j
         inp = (rank * n + torch.arange(n, dtype=torch.float32)).repeat_interleave(part)
-        outs = [torch.empty(count) for _ in range(k)]
         exchanged = (torch.arange(n, dtype=torch.float32) * n + rank).repeat_interleave(part)
         return ((lambda i: dist.all_to_all_single(outs[i], inp)),
-                (lambda: all(torch.equal(o, exchanged) for o in outs)), lambda: None)
+                (lambda: all(torch.equal(o, exchanged) for o in outs)), poison)
     raise ValueError(f"unknown op {op!r}")
 
 
@@ -101,8 +114,10 @@ def time_op(dist: ModuleType, op: Op, k: int, reps: int, mode: str) -> tuple[lis
     timed call gave the right answer.
 
     ``loop`` (the default, as training code calls collectives and nccl-tests times them):
-    ``barrier(); t0; K ops back to back; (t1 - t0) / K``: ranks drifting apart costs what it
-    costs. ``barrier``: a barrier before every op, each op timed alone (a second figure).
+    ``timing.back_to_back``: ``barrier(); t0; K ops back to back; (t1 - t0) / K``: ranks
+    drifting apart costs what it costs. ``barrier``: a barrier before every op, each op
+    timed alone (a second figure). Every repetition starts from ``op.reset()`` (poisoned
+    outputs, fresh inputs), untimed, and is checked after its loop.
 
     One untimed loop of K ops first (nccl-tests' warm-up iterations), for every backend: with
     a single warm-up call the first size of a job could read far above the next one while the
@@ -116,11 +131,7 @@ def time_op(dist: ModuleType, op: Op, k: int, reps: int, mode: str) -> tuple[lis
     for r in range(reps):
         op.reset()
         if mode == "loop":
-            dist.barrier()
-            t0 = time.perf_counter()
-            for i in range(k):
-                op.run(i)
-            times[r] = (time.perf_counter() - t0) / k
+            times[r] = timing.back_to_back(dist, op.run, k)  # already the max over ranks
         else:
             total = 0.0
             for i in range(k):
@@ -129,8 +140,9 @@ def time_op(dist: ModuleType, op: Op, k: int, reps: int, mode: str) -> tuple[lis
                 op.run(i)
                 total += time.perf_counter() - t0
             times[r] = total / k
-        ok = ok and op.check()
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        ok = op.check() and ok
+    if mode != "loop":
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
     return times.tolist(), ok
 
 

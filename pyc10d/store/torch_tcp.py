@@ -12,8 +12,13 @@ request is a one-byte query type followed by its fields (a string or byte value 
 uint64 length and the bytes, a count a uint64, an amount an int64). GET, COMPARE_SET answer
 a length-prefixed value; ADD, GETNUMKEYS, DELETE_KEY an int64; CHECK a byte (0: all there);
 WAIT a byte once every key is there (0), and after CANCEL_WAIT, WAIT_CANCELED (1), possibly
-preceded by a late 0; SET, MULTI_SET and APPEND get no answer; PING echoes its uint32.
-Every user key gets torch's "/" prefix, as in torch's own client, so both see the same keys.
+preceded by a late 0; SET, MULTI_SET, APPEND and QUEUE_PUSH get no answer; PING echoes its
+uint32. QUEUE_LEN answers an int64; QUEUE_POP an int64 count (0: empty) and, when 1, the
+value; a blocking pop is a WAIT on the queue's name (a non-empty queue counts as present) and
+then a QUEUE_POP, as torch's client does it. LIST_KEYS answers an int64 count and that many
+keys. Every user key gets torch's "/" prefix, as in torch's own client, so both see the same
+keys; the server's own keys (no prefix: ``init/``) are left out of ``list_keys``, as torch's
+client leaves them.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import time
 import weakref
 from datetime import timedelta
 
@@ -28,6 +34,7 @@ from ..errors import DistStoreError
 from .base import (
     Store,
     StoreTimeoutError,
+    queue_empty,
     resolve_timeout,
     timeout_seconds,
     to_bytes,
@@ -36,7 +43,7 @@ from .base import (
 from .tcp import dial
 
 (VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY, APPEND, MULTI_GET,
- MULTI_SET, CANCEL_WAIT, PING) = range(14)
+ MULTI_SET, CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN, LIST_KEYS) = range(18)
 _MAGIC = 0x3C85F7CE
 _READY, _STOP_WAITING, _WAIT_CANCELED = 0, 0, 1
 _U32, _U64, _I64 = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<q")
@@ -218,6 +225,43 @@ class TorchTCPStore(Store):
 
     def has_extended_api(self) -> bool:
         return True
+
+    def list_keys(self) -> list[str]:
+        with self._lock:
+            if self._broken is not None:
+                raise DistStoreError(self._broken)
+            self._send(bytes([LIST_KEYS]))
+            try:
+                count = self._answer("int")
+                keys = [self._answer("value") for _ in range(int(count))]
+            except TimeoutError:
+                raise self._lost(TimeoutError(f"no answer within {_GRACE_S:g} s")) from None
+        return [k[1:].decode() for k in keys if isinstance(k, bytes) and k.startswith(b"/")]
+
+    def queue_push(self, key: str, value: str | bytes) -> None:
+        self._exchange(bytes([QUEUE_PUSH]) + _key(key) + _field(to_bytes(value)), None)
+
+    def queue_len(self, key: str) -> int:
+        return self._exchange(bytes([QUEUE_LEN]) + _key(key), "int")[0]  # type: ignore[return-value]
+
+    def queue_pop(self, key: str, block: bool = True) -> bytes:
+        deadline = time.monotonic() + timeout_seconds(self._timeout)
+        while True:
+            with self._lock:
+                if self._broken is not None:
+                    raise DistStoreError(self._broken)
+                if block:  # until the queue has a value (or the store's timeout passes)
+                    left = max(deadline - time.monotonic(), 0.001)
+                    self._wait([key], timedelta(seconds=left))
+                self._send(bytes([QUEUE_POP]) + _key(key))
+                try:
+                    if self._answer("int"):
+                        return self._answer("value")  # type: ignore[return-value]
+                except TimeoutError:
+                    raise self._lost(TimeoutError(f"no answer within {_GRACE_S:g} s")) from None
+            if not block:
+                raise queue_empty()
+            # another client popped the value between our wait and our pop: wait again
 
     def clone(self) -> TorchTCPStore:
         """A new connection to the same server."""

@@ -23,7 +23,7 @@ import threading
 import time
 from datetime import timedelta
 
-from ..errors import DistBackendError, DistNetworkError, DistTimeoutError
+from ..errors import DistBackendError, DistNetworkError, DistTimeoutError, with_message
 from ..store.base import Store
 from . import futex
 from .base import Mailbox
@@ -148,7 +148,7 @@ class ShmTransport(FramedTransport):
         try:
             store.wait(keys, timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
         except DistTimeoutError as e:
-            raise type(e)(f"shm transport: rank {self.rank} timed out waiting for {what} ({e})") from e
+            raise with_message(e, f"shm transport: rank {self.rank} timed out waiting for {what} ({e})") from e
 
     # -- sending ----------------------------------------------------------------------------
     def _send(self, peer: int, kind: int, channel: int, data: memoryview, meta: int) -> None:

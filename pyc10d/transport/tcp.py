@@ -25,7 +25,7 @@ import time
 from datetime import timedelta
 
 from .. import auth
-from ..errors import DistNetworkError, DistTimeoutError
+from ..errors import DistNetworkError, DistTimeoutError, with_message
 from ..store.base import Store, store_chain
 from .base import Mailbox, RecvHandle
 from .framed import FramedTransport
@@ -188,8 +188,8 @@ class TCPTransport(FramedTransport):
             else:  # addresses of an earlier group of this name in this store hide who it is
                 short = (generation + 1) * self.size - store.add("tcp_joined", 0)
                 what = f"{short} more rank(s) to join ({e})"
-            raise type(e)(f"tcp transport: rank {self.rank} timed out after {timeout:.0f}s "
-                          f"waiting for {what}") from e
+            raise with_message(e, f"tcp transport: rank {self.rank} timed out after {timeout:.0f}s "
+                                  f"waiting for {what}") from e
 
     def _ranks_on_host(self) -> int:
         """Ranks on this host, for the socket-buffer policy: the launcher's

@@ -20,3 +20,17 @@ def test_funcol_bench_runs(tmp_path: Path) -> None:
                      ("overlap", None)}
     assert all(r["correct"] for r in records)
     assert all(r["time_us"] > 0 for r in records if r["kind"] == "funcol")
+
+
+@pytest.mark.timeout(60)
+def test_funcol_bench_check_fails_when_one_timed_call_returns_a_stale_result(tmp_path: Path) -> None:
+    """The third timed functional all_reduce hands back the previous call's output."""
+    from pyc10d.testing.sabotage import run_sabotaged
+
+    records = run_sabotaged("pyc10d.bench.funcol", "pyc10d.functional:all_reduce:3:stale", 2,
+                            ["--backend", "shm", "--sizes", "8", "--iters", "5", "--reps", "1",
+                             "--overlap-bytes", "4K"], tmp_path / "out.json", 50)
+    assert isinstance(records, list), records
+    verdicts = {r.get("api", r["kind"]): r["correct"] for r in records}
+    assert verdicts == {"in-place": True, "functional": False, "functional-async": True,
+                        "overlap": True}, verdicts

@@ -12,11 +12,9 @@
 # PYC10D_TESTING_DIST=torch.distributed (the shared helpers in
 # pyc10d.testing.c10d_common then drive torch too).
 #
-# Not ported yet: DistributedDataParallelTest, ReducerModule and ReducerTest
-# (DDP is a later issue), along with the imports only they need (copy, random,
-# sys, tempfile, groupby, nn, F, sharded tensors, DistributedDataParallel,
-# gpus_for_rank, ModuleForDdpCommHook, SparseGradientModule, Task,
-# verify_ddp_error_logged).
+# The seed's DistributedDataParallelTest, ReducerModule and ReducerTest live in
+# test_c10d_tcp_ddp.py (with the imports only they need), to keep each file a size
+# one can read.
 
 import logging
 import math
@@ -1370,8 +1368,8 @@ class ProcessGroupGlooTest(MultiProcessTestCase):
             del pg
 
 
-# DistributedDataParallelTest, ReducerModule and ReducerTest from the seed are not
-# ported yet: DDP is a later issue.
+# DistributedDataParallelTest, ReducerModule and ReducerTest from the seed: see
+# test_c10d_tcp_ddp.py.
 
 
 class CommTest(test_c10d_common.AbstractCommTest, MultiProcessTestCase):

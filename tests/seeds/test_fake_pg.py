@@ -7,8 +7,10 @@
 #
 # Skipped here, with the reason on each test:
 # - test_construct_fsdp, test_fsdp_fake_e2e, test_fsdp_tp_fake_e2e: torch's FSDP, DeviceMesh
-#   and tensor parallelism only run on torch.distributed's own (C++) process groups; they
-#   cannot be layered on pyc10d's groups. They also need CUDA, as upstream.
+#   and tensor parallelism take torch.distributed's own ProcessGroup objects. They run on
+#   pyc10d's engines through the plugin (tests/test_torch_backend.py trains FSDP2's
+#   fully_shard on it), but not on the groups of pyc10d's own API that this file tests, and
+#   the plugin has no fake backend. They also need CUDA, as upstream.
 # - test_fake_pg_tracing: needs CUDA, as upstream; its functional collectives come from
 #   pyc10d.functional. Its CPU twin, test_fake_pg_tracing_cpu, runs here.
 # The torch imports only those tests use are made inside them, so this module never
@@ -34,12 +36,12 @@ HAS_CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.timeout(30)
 
 NEEDS_TORCH_FSDP = (
-    "needs CUDA and torch's FSDP on top of pyc10d process groups (FSDP only runs on "
-    "torch.distributed's own ProcessGroup objects)"
+    "needs CUDA and torch's FSDP on pyc10d's fake backend (FSDP takes torch.distributed's "
+    "ProcessGroup objects: pyc10d's engines reach it through the plugin, which has no fake backend)"
 )
 NEEDS_TORCH_TP = (
-    "needs CUDA and torch's DeviceMesh, tensor parallelism and FSDP on top of pyc10d process groups "
-    "(they only run on torch.distributed's own ProcessGroup objects)"
+    "needs CUDA and torch's DeviceMesh, tensor parallelism and FSDP on pyc10d's fake backend "
+    "(they take torch.distributed's ProcessGroup objects: the plugin has no fake backend)"
 )
 
 

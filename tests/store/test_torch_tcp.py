@@ -89,3 +89,38 @@ def test_a_server_that_goes_away_is_an_error_not_a_hang() -> None:
             time.sleep(0.02)
     with pytest.raises(DistStoreError, match="lost its connection"):
         s.get("x")  # and every later call says so
+
+
+def test_queues_and_list_keys_agree_with_torchs_client(server: td.TCPStore) -> None:
+    """torch 2.13's server has queues and LIST_KEYS; has_extended_api() says so, truly."""
+    from pyc10d.errors import QueueEmptyError
+
+    s = TorchTCPStore("127.0.0.1", server.port, world_size=1, timeout=timedelta(seconds=5))
+    assert s.has_extended_api()
+    s.queue_push("q", b"a")
+    server.queue_push("q", b"b")
+    s.queue_push("q", "c")
+    assert s.queue_len("q") == 3 == server.queue_len("q")
+    assert s.queue_pop("q") == b"a" and server.queue_pop("q") == b"b"
+    assert s.queue_pop("q", block=False) == b"c"
+    with pytest.raises(QueueEmptyError):
+        s.queue_pop("q", block=False)
+    assert s.queue_len("q") == 0 and s.queue_len("never") == 0
+    s.set("k1", "v")
+    server.set("k2", b"w")
+    # the server's own key (init/, from world_size) is left out, as torch's client leaves it
+    assert sorted(s.list_keys()) == sorted(server.list_keys()) == ["k1", "k2"]
+
+
+def test_a_blocking_pop_waits_for_a_push_and_times_out(server: td.TCPStore) -> None:
+    s = TorchTCPStore("127.0.0.1", server.port, timeout=timedelta(seconds=5))
+    threading.Timer(0.2, lambda: server.queue_push("late", b"v")).start()
+    t = time.monotonic()
+    assert s.queue_pop("late") == b"v" and time.monotonic() - t >= 0.15
+    short = TorchTCPStore("127.0.0.1", server.port, timeout=timedelta(seconds=0.3))
+    t = time.monotonic()
+    with pytest.raises(StoreTimeoutError):
+        short.queue_pop("empty")
+    assert 0.25 <= time.monotonic() - t < 3
+    short.queue_push("empty", b"x")  # the connection still works after the cancelled wait
+    assert short.queue_pop("empty", block=False) == b"x"
