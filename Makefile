@@ -46,7 +46,10 @@ demo: $(STAMP)
 
 # -q and the 60 s per-test timeout come from pyproject.toml's addopts; a second -q here
 # would hide pytest's closing "N passed" line.
+# tmux for the terminal test of pyc10d.status --watch (it skips only where tmux cannot be had).
 test: $(STAMP)
+	command -v tmux >/dev/null || { apt-get update && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y tmux; } || true
 	$(PY) -m pytest tests -p no:cacheprovider
 
 # Open MPI from Debian when mpirun is absent: without it the real-mpirun tests skip.

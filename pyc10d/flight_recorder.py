@@ -3,11 +3,13 @@
 Every rank of a failed group writes ``pyc10d-trace-<group>-rank<r>.json`` (see
 ``pyc10d.backends.flight_recorder``). Read together, they say what no single log can: per
 group, how far each rank got, which ranks are behind the others, and the first operation
-where ranks ran different collectives.
+where ranks ran different collectives. ``--trace out.json`` and ``--plot out.png`` draw them
+(``pyc10d.timeline``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections import defaultdict
@@ -80,11 +82,25 @@ def report(folder: str | Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m pyc10d.flight_recorder DIR", file=sys.stderr)
-        return 2
-    print(report(args[0]))
+    ap = argparse.ArgumentParser(prog="python -m pyc10d.flight_recorder",
+                                 description="Merge the ranks' flight-recorder dumps of DIR into one report.")
+    ap.add_argument("dir", help="the folder of pyc10d-trace-*.json (PYC10D_TRACE_DIR)")
+    ap.add_argument("--trace", metavar="OUT.json", help="also write a Chrome/Perfetto trace (pyc10d.timeline)")
+    ap.add_argument("--plot", metavar="OUT.png", help="also draw the ranks' timeline (needs matplotlib)")
+    ap.add_argument("--last", type=float, metavar="SECONDS", help="plot only the last SECONDS before the dumps")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    print(report(args.dir))
+    groups = load(args.dir)
+    if groups and args.trace:
+        from . import timeline
+
+        Path(args.trace).write_text(json.dumps(timeline.to_trace(groups)))
+        print(f"wrote {args.trace} (open it in https://ui.perfetto.dev)")
+    if groups and args.plot:
+        from . import timeline
+
+        timeline.plot(groups, args.plot, last_s=args.last)
+        print(f"wrote {args.plot}")
     return 0
 
 

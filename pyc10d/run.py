@@ -21,7 +21,9 @@ sends ``SIGTERM`` to the ranks still running, ``SIGKILL`` to those still alive a
 seconds later, and exits with that rank's code (``128 + signal`` for a signal). ``SIGINT``
 and ``SIGTERM`` sent to the launcher are forwarded to the ranks the same way. On Linux each
 child also asks the kernel to ``SIGKILL`` it should the launcher itself die, so nothing is
-left orphaned even when the launcher is killed with ``SIGKILL``.
+left orphaned even when the launcher is killed with ``SIGKILL``. On ``SIGINT`` (Ctrl-C) the
+launcher first prints where every rank of the default group was, as ``python -m pyc10d.status``
+does (best effort: 2 s at most, nothing if the store is already gone).
 
 Like ``torchrun``, ``OMP_NUM_THREADS`` is set to 1 in the ranks when more than one rank
 runs on this node and the variable is not already set.
@@ -230,6 +232,10 @@ def launch(args: argparse.Namespace) -> int:
         return 0
     except _Interrupted as e:
         name = signal.Signals(e.signum).name
+        if e.signum == signal.SIGINT:  # Ctrl-C: where every rank was (``pyc10d.status``)
+            from .status import snapshot
+
+            print(snapshot(f"{args.master_addr}:{args.master_port}"), file=sys.stderr, flush=True)
         print(f"{PREFIX}: got {name}, stopping {len(procs)} rank(s)", file=sys.stderr,
               flush=True)
         # Ignore repeats while we clean up; the children get the same signal from us.

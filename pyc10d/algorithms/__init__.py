@@ -7,7 +7,9 @@ does the same for the shared-memory algorithms (``*_shm_*``, functions of a ``Sh
 
 from __future__ import annotations
 
-from . import segments
+from torch.autograd import profiler as _torch_profiler
+
+from . import profiling, segments
 from .allgather_direct import allgather_direct
 from .allgather_ring import allgather_ring
 from .allgather_shm_chunked import allgather_shm_chunked
@@ -41,7 +43,13 @@ SMALL_ALLGATHER = 64 * 1024
 
 
 def select(collective: str, world_size: int, nbytes: int):  # noqa: ANN201
-    """Return the algorithm for ``collective`` at this world size and message size."""
+    """Return the algorithm for ``collective`` at this world size and message size (inside
+    a ``pyc10d:<algorithm>`` profiler range while a profiler runs, see ``profiling``)."""
+    fn = _select(collective, world_size, nbytes)
+    return profiling.algorithm(fn) if _torch_profiler._is_profiler_enabled else fn
+
+
+def _select(collective: str, world_size: int, nbytes: int):  # noqa: ANN202
     small = world_size <= 2
     if collective == "allreduce":
         return allreduce_direct if nbytes <= SMALL_ALLREDUCE else allreduce_ring
@@ -77,6 +85,13 @@ _SHM_ONLY = {
 
 
 def select_shm(collective: str, world_size: int, nbytes: int, slot_bytes: int):  # noqa: ANN201
+    """The shared-memory algorithm for ``collective`` (``slot_bytes``: one rank's slot); in
+    a profiler range as ``select``'s."""
+    fn = _select_shm(collective, world_size, nbytes, slot_bytes)
+    return profiling.algorithm(fn) if _torch_profiler._is_profiler_enabled else fn
+
+
+def _select_shm(collective: str, world_size: int, nbytes: int, slot_bytes: int):  # noqa: ANN202
     """The shared-memory algorithm for ``collective`` (``slot_bytes``: one rank's slot).
 
     Only all_reduce/reduce choose by size; the chunked algorithms of the other collectives

@@ -11,10 +11,12 @@ import ctypes
 import time
 
 import torch
+from torch.autograd import profiler as _torch_profiler
 
 from ..errors import DistBackendError, DistTimeoutError, with_message, with_torch_phrase
 from ..transport.base import ANY_SOURCE, RecvHandle, Transport
 from ..types import RedOpType, ReduceOp
+from . import profiling
 
 DTYPES: list[torch.dtype] = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
@@ -125,7 +127,11 @@ class PendingRecv:
     def wait(self) -> torch.Tensor:
         c = self.comm
         try:
-            nbytes, meta = self.handle.wait(c.remaining())
+            if _torch_profiler._is_profiler_enabled:  # the wait as its own range (``profiling``)
+                with profiling.wait_range(self.peer):
+                    nbytes, meta = self.handle.wait(c.remaining())
+            else:
+                nbytes, meta = self.handle.wait(c.remaining())
         except DistTimeoutError as e:
             source = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
             detail = f"rank {c.rank} timed out after {c.timeout:.1f}s waiting for data from {source}"

@@ -11,10 +11,12 @@ buffer parities are enough). ``start`` opens the operation: it publishes a descr
 from __future__ import annotations
 
 import torch
+from torch.autograd import profiler as _torch_profiler
 
 from ..errors import DistBackendError
 from ..transport.shm_arena import Arena
 from ..types import RedOpType, ReduceOp
+from . import profiling
 from .comm import dtype_code, dtype_name
 from .reduce_ops import reduce_into, reduce_pair
 
@@ -75,7 +77,11 @@ class ShmComm:
         self.arena.post(c)
 
     def wait_all(self, c: int) -> None:
-        self.arena.wait_all(c, self.deadline, self.op)
+        if _torch_profiler._is_profiler_enabled:  # the wait as its own range (``profiling``)
+            with profiling.wait_range("all"):
+                self.arena.wait_all(c, self.deadline, self.op)
+        else:
+            self.arena.wait_all(c, self.deadline, self.op)
         if self._check is not None:
             self._verify(self._check)
 

@@ -28,7 +28,9 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+from torch.autograd import profiler as _torch_profiler
 
+from ..algorithms import profiling
 from ..algorithms.comm import Comm, describe_fingerprint, fingerprint, fingerprint_collective
 from ..errors import (
     DistBackendError,
@@ -356,7 +358,16 @@ class Engine:
 
     def _run(self, job: tuple) -> BaseException | None:
         """Run ``job``; its error, if any. The caller holds ``_exec`` and finishes the Work
-        after releasing it (a Future's callbacks may issue the group's next operation)."""
+        after releasing it (a Future's callbacks may issue the group's next operation).
+
+        The operation's profiler range (``pyc10d:<op>``) is opened here rather than in the
+        public API's preamble (``_preamble.invoke``): the torch plugin calls engine methods
+        directly, and an operation issued asynchronously runs later, on whichever thread
+        takes it up; ``_run`` is the one place every collective of both paths passes, on
+        the thread that runs it, when it runs. (An operation the progress thread runs shows
+        only when the profiler follows every thread: torch.profiler records the threads it
+        was started on unless ``_ExperimentalConfig(profile_all_threads=True)``.)
+        """
         work, fn, channel, timeout, now, red, root = job
         error: BaseException | None = None
         log = self.recorder
@@ -375,7 +386,11 @@ class Engine:
             comm.scratch_pool = self._scratch
             if self.desync_check:  # its fingerprint is made when a message needs it
                 comm.collective = job
-            fn(comm)
+            if _torch_profiler._is_profiler_enabled:  # one attribute read when off (``profiling``)
+                with profiling.op_range(work.opname, work._outputs, work.seq, self.group_name, self.backend_name):
+                    fn(comm)
+            else:
+                fn(comm)
         except BaseException as e:  # noqa: BLE001 - handed to the waiter
             if log is not None:  # before the dump, which it is part of
                 log.ended[work.seq & log.mask] = -_now()

@@ -14,8 +14,10 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+from torch.autograd import profiler as _torch_profiler
 
 from .. import algorithms as algo
+from ..algorithms import profiling
 from ..errors import DistBackendError, DistError, DistTimeoutError
 from ..types import BarrierOptions
 from . import checks as ck
@@ -72,8 +74,11 @@ class RecvWork(Work):
                 return
             try:
                 self._pending.comm.deadline = float("inf") if timeout is None else _now() + timeout
-                self._watch_tags()
-                self._pending.wait()
+                if _torch_profiler._is_profiler_enabled and self._engine is not None:
+                    self._profiled_wait()
+                else:
+                    self._watch_tags()
+                    self._pending.wait()
                 self._source_rank = self._pending.peer
                 writeback(self._dst, self._staged)
                 self._finish(None)
@@ -81,6 +86,17 @@ class RecvWork(Work):
                 raise
             except BaseException as e:  # noqa: BLE001
                 self._finish(e)
+
+    def _profiled_wait(self) -> None:
+        """``_resolve``'s wait inside a ``pyc10d:recv`` range (``algorithms.profiling``); its
+        ``seq`` counts the group's receives that waited while a profiler ran."""
+        engine = self._engine
+        engine._p2p_recvs += 1
+        with profiling.op_range("recv", [self._dst], engine._p2p_recvs, engine.group_name, engine.backend_name,
+                                peer=self._source_rank, tag=self._tag):
+            with profiling.wait_range(self._source_rank):
+                self._watch_tags()
+            self._pending.wait()
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
@@ -112,6 +128,10 @@ def _now() -> float:
 
 
 class P2POps(Engine):
+    #: Sends / receives counted while a profiler ran: the ``seq`` of their profiler ranges.
+    _p2p_sends = 0
+    _p2p_recvs = 0
+
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Work:  # noqa: N803
         t = ck.as_list(tensors)
         ck.check_single("send", t)
@@ -120,7 +140,13 @@ class P2POps(Engine):
             raise ValueError(f"send: invalid destination rank {dstRank} (group size {self._size}, rank {self._rank})")
         comm = self._p2p_comm("send")
         comm.channel = self._p2p_channel(tag)
-        comm.send(dstRank, host(t[0]))
+        if _torch_profiler._is_profiler_enabled:  # ``algorithms.profiling``; seq: this group's sends
+            self._p2p_sends += 1
+            with profiling.op_range("send", t, self._p2p_sends, self.group_name, self.backend_name,
+                                    peer=dstRank, tag=tag):
+                comm.send(dstRank, host(t[0]))
+        else:
+            comm.send(dstRank, host(t[0]))
         return CompletedWork("send", t)
 
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Work:  # noqa: N803
@@ -144,7 +170,7 @@ class P2POps(Engine):
         comm = self._p2p_comm("recv")
         comm.channel = self._p2p_channel(tag)
         staged = host(t[0])
-        return RecvWork(comm.irecv_any(staged), t[0], staged, -1)
+        return RecvWork(comm.irecv_any(staged), t[0], staged, -1, self)
 
     def barrier(self, opts: BarrierOptions | None = None, _sync: bool = False) -> Work:
         if self._size == 1:

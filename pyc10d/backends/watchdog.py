@@ -88,12 +88,26 @@ def _key(engine: Any, rank: int) -> str:
 
 
 def publish(engine: Any) -> None:
-    """Put this rank's progress in the group's store, if it changed since the last time."""
+    """Put this rank's progress in the group's store, if it changed since the last time.
+
+    The value is ``entered|op|completed|op`` (what ``peers_behind`` reads), then for
+    ``python -m pyc10d.status``: the operation running now (``seq|op|since``, wall-clock
+    seconds; ``0||0`` when none), operations completed per second since the previous
+    publication, and when this was written (wall clock). One write per period at most (the
+    loop's period is 2 s unless ``PYC10D_STUCK_WARN_S`` is below 8 s), none while nothing moves.
+    """
     state = engine.progress()
     if state == getattr(engine, "_published", None) or engine.progress_store is None:
         return
-    engine.progress_store.set(_key(engine, engine.rank()), "|".join(map(str, state)))
+    now, mono = time.time(), time.monotonic()
+    running = engine.running()
+    run = (running[0], running[1], f"{now - (mono - running[2]):.3f}") if running else (0, "", 0)
+    prev = getattr(engine, "_published_at", None)
+    rate = (state[2] - prev[1]) / max(mono - prev[0], 1e-3) if prev else 0.0
+    engine.progress_store.set(_key(engine, engine.rank()),
+                              "|".join(map(str, (*state, *run, f"{rate:.2f}", f"{now:.3f}"))))
     engine._published = state
+    engine._published_at = (mono, state[2])
 
 
 def peers_behind(engine: Any, seq: int) -> list[str]:
@@ -112,7 +126,7 @@ def peers_behind(engine: Any, seq: int) -> list[str]:
         if raw is None:
             behind.append(f"rank {r} (no progress reported)")
             continue
-        entered, entered_op, completed, completed_op = raw.decode().split("|")
+        entered, entered_op, completed, completed_op = raw.decode().split("|")[:4]
         if int(entered) < seq:
             last = f"{completed_op} #{completed}" if int(completed) else "no collective yet"
             behind.append(f"rank {r} (last completed: {last})")

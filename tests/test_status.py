@@ -1,0 +1,151 @@
+"""The live view: ``python -m pyc10d.status`` reads what the ranks' watchdogs publish and
+names, for a job stuck on one rank, the ranks waiting and whom they wait for."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from tests._multirank import run_ranks
+
+pytestmark = pytest.mark.timeout(50)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _job(rank: int, world_size: int, port: int, sleep_s: float = 8.0) -> float:
+    import pyc10d as dist
+
+    dist.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    t = torch.ones(4)
+    dist.all_reduce(t)  # #1
+    if rank == 2:
+        time.sleep(sleep_s)  # the others wait for it in #2
+    dist.all_reduce(t)  # #2
+    return float(t[0])
+
+
+def _status(port: int) -> str:
+    out = subprocess.run([sys.executable, "-m", "pyc10d.status", "--store", f"127.0.0.1:{port}"],
+                         capture_output=True, text=True, timeout=20, check=True)
+    return out.stdout
+
+
+def _rows(text: str) -> dict[int, list[str]]:
+    return {int(line.split()[0]): line.split() for line in text.splitlines() if line.strip()[:1].isdigit()}
+
+
+def test_status_names_the_rank_everyone_waits_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYC10D_STUCK_WARN_S", "4")  # the watchdog publishes every second
+    port = _free_port()
+    result: list = []
+    job = threading.Thread(target=lambda: result.append(run_ranks("tcp", 4, _job, port, init=False, timeout=40)))
+    job.start()
+    seen, deadline = "", time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                seen = _status(port)
+            except subprocess.CalledProcessError:
+                continue  # the store is not up yet
+            rows = _rows(seen)
+            if len(rows) == 4 and all(rows[r][3:6] == ["#2", "allreduce", "2"] for r in (0, 1, 3)):
+                break
+        else:
+            raise AssertionError(f"no status showed ranks 0, 1, 3 waiting for rank 2 in #2:\n{seen}")
+        rows = _rows(seen)
+        assert rows[2][1:3] == ["#1", "allreduce"] and rows[2][3] == "-", seen  # rank 2: idle after #1
+        assert all(rows[r][1:3] == ["#1", "allreduce"] for r in (0, 1, 3)), seen
+    finally:
+        job.join(45)
+    assert result == [[16.0] * 4]
+
+
+def test_status_watch_in_a_terminal(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """``--watch`` in a real terminal (tmux): the table is redrawn until Ctrl-C ends it."""
+    if subprocess.run(["which", "tmux"], capture_output=True).returncode != 0:
+        pytest.skip("tmux is not installed (apt-get install -y tmux)")
+    monkeypatch.setenv("PYC10D_STUCK_WARN_S", "4")
+    port = _free_port()
+    session = f"pyc10d-status-{os.getpid()}"
+    cmd = f"cd {os.getcwd()} && {sys.executable} -m pyc10d.status --watch --interval 0.5 --store 127.0.0.1:{port}"
+    # the view first: it imports torch (seconds on a loaded machine), then waits for the store
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "30", cmd], check=True)
+    result: list = []
+    job = threading.Thread(target=lambda: result.append(run_ranks("tcp", 4, _job, port, 12.0, init=False,
+                                                                  timeout=40)))
+    job.start()
+    try:
+        screen, deadline = "", time.monotonic() + 30
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
+                                    text=True).stdout
+            rows = _rows(screen)
+            if len(rows) == 4 and all(rows[r][3:6] == ["#2", "allreduce", "2"] for r in (0, 1, 3)):
+                break
+        else:
+            raise AssertionError(f"the terminal never showed ranks 0, 1, 3 waiting for rank 2:\n{screen}")
+        assert screen.count("group '0'") == 1, screen  # redrawn in place, not scrolled
+        subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
+        time.sleep(1)
+        alive = subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode == 0
+        assert not alive, "--watch did not end on Ctrl-C"
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        job.join(45)
+    assert result == [[16.0] * 4]
+
+
+_SCRIPT = """
+import os, sys, time
+import torch
+import pyc10d as dist
+dist.init_process_group("tcp", init_method="env://")
+rank = dist.get_rank()
+t = torch.ones(4)
+dist.all_reduce(t)
+if rank == 2:
+    open(os.path.join(sys.argv[1], "sleeping"), "w").close()
+    time.sleep(60)
+dist.all_reduce(t)
+"""
+
+
+def test_run_prints_the_table_on_ctrl_c(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    script = tmp_path / "job.py"
+    script.write_text(_SCRIPT)
+    env = {**os.environ, "PYC10D_STUCK_WARN_S": "4", "PYTHONPATH": os.getcwd()}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "4", "--master-port", str(_free_port()),
+         str(script), str(tmp_path)], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "sleeping").exists():
+            assert time.monotonic() < deadline and launcher.poll() is None, "the job never got to #2"
+            time.sleep(0.1)
+        time.sleep(3)  # a publication of the watchdog (every second here) after the others entered #2
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    rows = _rows(err)
+    assert launcher.returncode == 128 + signal.SIGINT, err
+    assert sorted(rows) == [0, 1, 2, 3], err
+    assert all(rows[r][3:6] == ["#2", "allreduce", "2"] for r in (0, 1, 3)), err
+    assert rows[2][3] == "-", err
