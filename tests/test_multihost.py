@@ -21,7 +21,7 @@ import pytest
 from pyc10d.testing.hosts import Hosts, unavailable_reason
 
 _WHY_NOT = unavailable_reason()
-pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=f"namespace hosts: {_WHY_NOT}")
+pytestmark = [pytest.mark.skipif(_WHY_NOT is not None, reason=f"namespace hosts: {_WHY_NOT}"), pytest.mark.interpreters]
 
 WORKER = str(Path(__file__).with_name("_multihost_worker.py"))
 API_RANK = str(Path(__file__).with_name("_api_rank.py"))  # torchrun and file:// cases
