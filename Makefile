@@ -1,7 +1,7 @@
 # Developer entry points. Everything runs from the project's own virtualenv in .venv.
 #   make venv   create .venv (once; again when pyproject.toml changes)
 #   make demo   4-rank tour of the collectives, then a short DDP training run (2 ranks)
-#   make test   the test suite
+#   make test   the test suite, one pytest-xdist worker per CPU (docs/testing.md)
 #   make test-launchers  env:// under torchrun, Slurm and MPI environments, real mpirun
 #               (installs Debian's openmpi-bin first when mpirun is missing; needs root)
 #   make bench  benchmarks vs torch.distributed's gloo (BENCH_ARGS="..." passes options),
@@ -45,12 +45,16 @@ demo: $(STAMP)
 	$(PY) -m pyc10d.run --nproc-per-node 2 examples/train_ddp.py --steps 30
 
 # -q and the 60 s per-test timeout come from pyproject.toml's addopts; a second -q here
-# would hide pytest's closing "N passed" line.
+# would hide pytest's closing "N passed" line. Tests run on TEST_WORKERS pytest-xdist workers
+# (default: one per CPU; TEST_WORKERS=0 runs them in this process, one after the other).
+# --dist loadgroup hands out single tests, so the long files (conformance, hier) spread too,
+# except the tests marked `interpreters` (tests/conftest.py): those run one at a time.
 # tmux for the terminal test of pyc10d.status --watch (it skips only where tmux cannot be had).
+TEST_WORKERS ?= auto
 test: $(STAMP)
 	command -v tmux >/dev/null || { apt-get update && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y tmux; } || true
-	$(PY) -m pytest tests -p no:cacheprovider
+	$(PY) -m pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 # Open MPI from Debian when mpirun is absent: without it the real-mpirun tests skip.
 test-launchers: $(STAMP)

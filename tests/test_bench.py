@@ -12,6 +12,8 @@ import pytest
 
 from pyc10d.bench import metrics
 
+pytestmark = pytest.mark.interpreters  # starts Python interpreters: see conftest.py
+
 
 def test_bus_bandwidth_factors() -> None:
     # nccl-tests: busbw = algbw * 2(n-1)/n for all_reduce, (n-1)/n for gather/scatter kinds,

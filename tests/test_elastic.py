@@ -11,6 +11,8 @@ import pytest
 
 import pyc10d as dist
 
+pytestmark = pytest.mark.interpreters  # starts Python interpreters: see conftest.py
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "elastic_shrink.py"
 
 

@@ -240,15 +240,31 @@ def test_any_source_recv_fails_when_every_peer_is_gone(backend: str) -> None:
 
 
 # -- timeouts -------------------------------------------------------------------------------------
+#: How long an absent rank waits, at most, for the others to report that they gave up on it.
+ABSENT_MAX_S = 15.0
+
+
+def _stay_absent(store, ws: int, absent: int) -> None:  # noqa: ANN001 - any pyc10d Store
+    """The absent rank stays alive (and connected) until every other rank has given up on it,
+    and no longer: it waits for their ``gave_up/<rank>`` keys rather than sleeping a fixed
+    time longer than the timeout under test (which made every such test wait it out)."""
+    others = [f"gave_up/{r}" for r in range(ws) if r != absent]
+    store.wait(others, timedelta(seconds=ABSENT_MAX_S))
+
+
 def _skip_collective(rank: int, ws: int, where: str) -> str:
     c = Check(rank)
     g = dist.new_group(list(range(ws)), timeout=timedelta(seconds=2)) if where == "new_group" else None
+    store = dist._get_default_store()
     if rank == 1:  # never joins; stays alive (and connected) until the others have given up
-        time.sleep(3.5)
+        _stay_absent(store, ws, 1)
         return "skipped"
-    e = _expect_error(c, f"all_reduce with rank 1 missing ({where} timeout 2s)",
-                      lambda: dist.all_reduce(torch.ones(1009), group=g), ["timed out", "rank 1"],
-                      within=4.5)
+    try:
+        e = _expect_error(c, f"all_reduce with rank 1 missing ({where} timeout 2s)",
+                          lambda: dist.all_reduce(torch.ones(1009), group=g), ["timed out", "rank 1"],
+                          within=4.5)
+    finally:
+        store.set(f"gave_up/{rank}", "1")
     c.true(e is None or "2.0s" in str(e) or "2s" in str(e), f"timeout not stated: {e}")
     # torch's tests (and users' code) match torch's backends' words for a timeout or a lost peer
     c.true(e is None or re.search(TORCH_TIMEOUT_REGEX, str(e)) is not None,
@@ -327,28 +343,36 @@ def test_idle_longer_than_timeout_is_not_a_failure(backend: str) -> None:
 
 
 def _missing_peer_at_init(rank: int, ws: int, path: str) -> str:
+    signals = dist.FileStore(path + ".signals", ws)  # not the store under test
     if rank == 0:  # never shows up (exits later, after rank 1 gave up)
-        time.sleep(3.5)
+        _stay_absent(signals, ws, 0)
         return "absent"
     c = Check(rank)
     store = dist.FileStore(path, ws)  # keeps FileStore's own 300 s timeout
-    _expect_error(c, "init_process_group without rank 0",
-                  lambda: dist.init_process_group("tcp", store=store, rank=rank, world_size=ws,
-                                                  timeout=timedelta(seconds=1.5)),
-                  ["rank 0", "tcp_addr/0"], within=4.0)
+    try:
+        _expect_error(c, "init_process_group without rank 0",
+                      lambda: dist.init_process_group("tcp", store=store, rank=rank, world_size=ws,
+                                                      timeout=timedelta(seconds=1.5)),
+                      ["rank 0", "tcp_addr/0"], within=4.0)
+    finally:
+        signals.set(f"gave_up/{rank}", "1")
     return str(c.finish())
 
 
 def _missing_peer_listening(rank: int, ws: int, path: str) -> str:
+    signals = dist.FileStore(path + ".signals", ws)
     if rank == 1:
-        time.sleep(3.5)
+        _stay_absent(signals, ws, 1)
         return "absent"
     c = Check(rank)
     store = dist.FileStore(path, ws)
-    _expect_error(c, "init_process_group without rank 1",
-                  lambda: dist.init_process_group("tcp", store=store, rank=rank, world_size=ws,
-                                                  timeout=timedelta(seconds=1.5)),
-                  ["1"], within=4.0)
+    try:
+        _expect_error(c, "init_process_group without rank 1",
+                      lambda: dist.init_process_group("tcp", store=store, rank=rank, world_size=ws,
+                                                      timeout=timedelta(seconds=1.5)),
+                      ["1"], within=4.0)
+    finally:
+        signals.set(f"gave_up/{rank}", "1")
     return str(c.finish())
 
 

@@ -27,6 +27,8 @@ from pyc10d.errors import DistNetworkError
 from pyc10d.launch_env import LaunchEnv, detect, local_rank, parse_hostlist, slurm_port
 from pyc10d.transport.netif import advertised_address, choose_interface, interface_addresses
 
+pytestmark = pytest.mark.interpreters  # starts Python interpreters: see conftest.py
+
 REPO = Path(__file__).resolve().parents[1]
 _LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL", "TORCHELASTIC_",
                       "PYC10D_SOCKET_", "GLOO_SOCKET_")

@@ -9,6 +9,7 @@ process SIGKILLed at once) must be named, with its ranks, in the survivors' erro
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -20,11 +21,13 @@ import pytest
 from pyc10d.testing.hosts import Hosts, unavailable_reason
 
 _WHY_NOT = unavailable_reason()
-pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=f"namespace hosts: {_WHY_NOT}")
+pytestmark = [pytest.mark.skipif(_WHY_NOT is not None, reason=f"namespace hosts: {_WHY_NOT}"), pytest.mark.interpreters]
 
 WORKER = str(Path(__file__).with_name("_multihost_worker.py"))
 API_RANK = str(Path(__file__).with_name("_api_rank.py"))  # torchrun and file:// cases
-PORT = 29500  # inside the test's own namespaces: nothing else listens there
+#: Inside the module's own namespaces nothing else listens; each test takes the next port so a
+#: listener of the previous test still in TIME_WAIT (or a killed host's) never gets in the way.
+_PORTS = itertools.count(29500)
 #: Every collective, in launches of a few seconds each. "defaults" (real sizes, unpatched
 #: thresholds) runs alone: an shm arena keeps the slot size it was created with, and the other
 #: families create theirs with 256-byte slots.
@@ -36,19 +39,38 @@ GROUPS = {
 }
 
 
-@pytest.fixture
-def hosts() -> Hosts:
+@pytest.fixture(scope="module")
+def _module_hosts() -> Hosts:
+    """The namespaces are built once per module (about a second each time under load)."""
     with Hosts(2) as hs:
         yield hs
 
 
-def _start(hs: Hosts, layout: list[int], case: str, backend: str, out: Path, families: list[str]) -> list:
+@pytest.fixture
+def hosts(_module_hosts: Hosts) -> Hosts:
+    """The module's two hosts; whatever a test spawned on them is killed when it ends, so
+    every test starts on hosts with no process of an earlier test (each spawn is a fresh PID,
+    mount and UTS namespace, so /dev/shm and the hostname start clean too)."""
+    yield _module_hosts
+    for h in _module_hosts.hosts:
+        h.kill()
+        h.procs.clear()
+
+
+@pytest.fixture
+def port() -> int:
+    """A port no earlier test of this module used."""
+    return next(_PORTS)
+
+
+def _start(hs: Hosts, layout: list[int], case: str, backend: str, out: Path, families: list[str],
+           port: int) -> list:
     """One worker per host, running the ranks ``layout`` puts there."""
     procs = []
     for h in hs.hosts:
         ranks = ",".join(str(r) for r, j in enumerate(layout) if j == h.index)
         log = open(out / f"{h.name}.log", "w")  # noqa: SIM115 - closed with the process
-        argv = [sys.executable, WORKER, case, str(out), f"{hs[0].addr}:{PORT}", str(len(layout)), ranks, backend,
+        argv = [sys.executable, WORKER, case, str(out), f"{hs[0].addr}:{port}", str(len(layout)), ranks, backend,
                 ",".join(families)]
         procs.append(h.spawn(argv, stdout=log, stderr=subprocess.STDOUT))
     return procs
@@ -67,8 +89,9 @@ def _logs(out: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(out.glob("*.log")))
 
 
-def _run(hs: Hosts, layout: list[int], backend: str, families: list[str], out: Path, timeout: float) -> dict:
-    procs = _start(hs, layout, "families", backend, out, families)
+def _run(hs: Hosts, layout: list[int], backend: str, families: list[str], out: Path, timeout: float,
+         port: int) -> dict:
+    procs = _start(hs, layout, "families", backend, out, families, port)
     deadline = time.monotonic() + timeout
     for p in procs:
         try:
@@ -92,24 +115,24 @@ def _check(reports: dict, backend: str) -> None:
 @pytest.mark.timeout(45)
 @pytest.mark.parametrize("group", list(GROUPS))
 @pytest.mark.parametrize("backend", ["auto", "tcp"])
-def test_two_hosts_of_two(hosts: Hosts, tmp_path: Path, backend: str, group: str) -> None:
+def test_two_hosts_of_two(hosts: Hosts, port: int, tmp_path: Path, backend: str, group: str) -> None:
     """Every collective on 2 hosts x 2 ranks; ``auto`` must have chosen hierarchical."""
-    reports = _run(hosts, [0, 0, 1, 1], backend, GROUPS[group], tmp_path, timeout=35)
+    reports = _run(hosts, [0, 0, 1, 1], backend, GROUPS[group], tmp_path, timeout=35, port=port)
     _check(reports, "hier" if backend == "auto" else "tcp")
 
 
 @pytest.mark.timeout(45)
-def test_uneven_hosts(hosts: Hosts, tmp_path: Path) -> None:
+def test_uneven_hosts(hosts: Hosts, port: int, tmp_path: Path) -> None:
     """Two ranks on one host, one on the other: host blocks padded and reordered."""
     reports = _run(hosts, [0, 0, 1], "auto", ["all_reduce", "reduce_scatter", "all_gather", "gather_scatter",
-                                                "broadcast", "reduce"], tmp_path, timeout=35)
+                                                "broadcast", "reduce"], tmp_path, timeout=35, port=port)
     _check(reports, "hier")
 
 
 @pytest.mark.timeout(45)
-def test_dead_host_is_named(hosts: Hosts, tmp_path: Path) -> None:
+def test_dead_host_is_named(hosts: Hosts, port: int, tmp_path: Path) -> None:
     """Host h1 (ranks 2, 3) dies mid all_reduce: both survivors say so, within seconds."""
-    procs = _start(hosts, [0, 0, 1, 1], "loop", "auto", tmp_path, [])
+    procs = _start(hosts, [0, 0, 1, 1], "loop", "auto", tmp_path, [], port)
     deadline = time.monotonic() + 25
     while not all((tmp_path / f"ready{r}").exists() for r in range(4)):
         if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
@@ -162,7 +185,7 @@ def _all_succeed(hs: Hosts, procs: list, out: Path, timeout: float) -> dict[int,
 
 @pytest.mark.timeout(55)
 @pytest.mark.parametrize("api", ["pyc10d", "plugin"])
-def test_torchs_torchrun_across_hosts(hosts: Hosts, tmp_path: Path, api: str) -> None:
+def test_torchs_torchrun_across_hosts(hosts: Hosts, port: int, tmp_path: Path, api: str) -> None:
     """torch's own launcher on two hosts of two ranks: its agent on h0 serves torch's store,
     which pyc10d's ranks join (``api="pyc10d"``), or an unchanged torch program runs on
     pyc10d's engine through the plugin (``api="plugin"``)."""
@@ -172,7 +195,7 @@ def test_torchs_torchrun_across_hosts(hosts: Hosts, tmp_path: Path, api: str) ->
         log = open(tmp_path / f"{h.name}.log", "w")  # noqa: SIM115 - closed with the process
         argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
                 str(h.index), "--nproc-per-node", "2", "--master-addr", hosts[0].addr,
-                "--master-port", str(PORT), API_RANK, str(tmp_path), api, backend, "env://"]
+                "--master-port", str(port), API_RANK, str(tmp_path), api, backend, "env://"]
         procs.append(h.spawn(argv, stdout=log, stderr=subprocess.STDOUT))
     for r, rep in _all_succeed(hosts, procs, tmp_path, 45).items():
         assert (rep["world"], rep["sum"], rep["bcast"]) == (4, [10.0] * 4, [3.0] * 3), rep

@@ -18,27 +18,45 @@ from pyc10d.errors import DistTimeoutError
 WARN_S = 1.0
 
 
+#: The longest a sleeping rank stays away waiting for the others' signal (a backstop: they
+#: signal as soon as they have what the test checks, so it normally waits about ``WARN_S``).
+SLEEP_MAX_S = 15.0
+
+
 class _Collect(logging.Handler):
-    def __init__(self) -> None:
+    """Collects pyc10d's warnings; the first one of this rank's own wait is also announced
+    in the store (``warned/<rank>``) so the sleeping rank knows it may come back."""
+
+    def __init__(self, store: dist.Store, rank: int) -> None:
         super().__init__(logging.WARNING)
         self.messages: list[str] = []
         self.times: list[float] = []
+        self._store, self._rank = store, rank
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
         self.times.append(time.monotonic())
+        if f"rank {self._rank} has waited" in self.messages[-1]:
+            self._store.set(f"warned/{self._rank}", "1")
+
+
+def _sleep_until(store: dist.Store, what: str, ws: int, sleeper: int) -> None:
+    """The sleeper stays away until every other rank has set ``<what>/<rank>`` (at most
+    ``SLEEP_MAX_S``): no fixed sleep longer than the threshold under test."""
+    store.wait([f"{what}/{r}" for r in range(ws) if r != sleeper], timedelta(seconds=SLEEP_MAX_S))
 
 
 def _sleeper_warned(rank: int, ws: int) -> int:
     c = Check(rank)
     sleeper = ws - 1
-    handler = _Collect()
+    store = dist._get_default_store()
+    handler = _Collect(store, rank)
     logging.getLogger("pyc10d").addHandler(handler)
     try:
         dist.barrier()
         t = torch.ones(4)
         if rank == sleeper:
-            time.sleep(WARN_S + 3.0)
+            _sleep_until(store, "warned", ws, sleeper)
         t0 = time.monotonic()
         dist.all_reduce(t)
         c.eq(t, torch.full((4,), float(ws)), "all_reduce after the wait")
@@ -66,8 +84,9 @@ def _sleeper_timeout(rank: int, ws: int) -> str:
     sleeper = ws - 1
     dist.broadcast(torch.ones(2), src=0)
     g = dist.new_group(list(range(ws)), timeout=timedelta(seconds=3))
+    store = dist._get_default_store()
     if rank == sleeper:
-        time.sleep(6)
+        _sleep_until(store, "gave_up", ws, sleeper)
         return "slept"
     try:
         dist.all_reduce(torch.ones(4), group=g)
@@ -76,6 +95,8 @@ def _sleeper_timeout(rank: int, ws: int) -> str:
         assert isinstance(e, DistTimeoutError) or "timed out" in msg, msg
         assert f"rank {sleeper} (" in msg and "not in allreduce #1" in msg, msg
         return "named"
+    finally:
+        store.set(f"gave_up/{rank}", "1")
     return "no timeout"
 
 

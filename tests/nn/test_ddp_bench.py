@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.interpreters]
 
 
 def test_ddp_bench_smoke(tmp_path: Path) -> None:

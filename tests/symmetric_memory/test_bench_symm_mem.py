@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.interpreters]
 
 
 def test_small_run_prints_a_table_and_writes_json(tmp_path: Path) -> None:
