@@ -67,6 +67,7 @@ def test_the_check_passes_sharded_and_fails_without_all_reduce() -> None:
 IMPLS = ["single", "pyc10d-shm", "dtensor-pyc10d_shm"]
 
 
+@pytest.mark.interpreters
 def test_each_kind_of_implementation_decodes_and_is_checked(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "pyc10d.bench", "--tp", "--dim", "64", "--layers", "2", "--tokens", "4",
            "--blocks", "1", "--rounds", "1", "--timeout", "120", "--impls", ",".join(IMPLS), "--out", str(tmp_path)]
@@ -79,6 +80,7 @@ def test_each_kind_of_implementation_decodes_and_is_checked(tmp_path: Path) -> N
         assert r["checked"] and r["ms_per_token"] > 0 and r["max_rel_err"] <= tp.TOLERANCE, r
 
 
+@pytest.mark.interpreters
 def test_the_example_decodes_right() -> None:
     root = Path(__file__).resolve().parents[1]
     cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "2", str(root / "examples" / "tp_inference.py"),
