@@ -249,3 +249,23 @@ def test_store_bench_wait_probe_fails_for_a_wait_that_never_waits() -> None:
         assert bench_store._run_op(client, "wait", "7", now, now + 0.05, [])[1] == 1
     finally:
         del server
+
+
+@pytest.mark.timeout(55)
+@pytest.mark.parametrize("sabotage", [False, True])
+def test_overhead_bench_checks_every_timed_all_reduce(tmp_path: Path, sabotage: bool) -> None:
+    """Each loop of ``bench.overhead`` refills its buffers and checks every one: a run is
+    right, and with the third timed all_reduce left without effect, wrong."""
+    from pyc10d.bench.launch import run_worker
+    from pyc10d.testing.sabotage import run_sabotaged
+
+    args = ["--backend", "shm", "--pairs", "1", "--sizes", "8"]
+    out = tmp_path / "out.json"
+    if sabotage:
+        rows = run_sabotaged("pyc10d.bench.overhead", "pyc10d:all_reduce:3:blind", 2, args, out, 50)
+    else:
+        rows = run_worker("pyc10d.bench.overhead", 2, args, out, 50)
+    assert isinstance(rows, list), rows
+    (row,) = rows
+    assert row["bytes"] == 8 and row["pairs"] == 1 and row["on_us"] > 0
+    assert row["correct"] is (not sabotage)
