@@ -17,7 +17,13 @@ from _multirank import BACKENDS, THREAD_BACKENDS, exited, run_ranks
 from _refs import Check
 
 import pyc10d as dist
-from pyc10d.errors import DistError, DistTimeoutError
+from pyc10d.errors import (
+    DistBackendError,
+    DistError,
+    DistNetworkError,
+    DistTimeoutError,
+    with_torch_phrase,
+)
 from pyc10d.store import FileStore, HashStore, PrefixStore, TCPStore
 
 PROCESS_BACKENDS = [b for b in BACKENDS if b not in THREAD_BACKENDS]
@@ -282,6 +288,17 @@ def test_collective_timeout(backend: str, where: str) -> None:
                     pg_timeout=2.0 if where == "init" else None)
     # whoever waited on rank 1 directly raises the timeout error itself
     assert "DistTimeoutError" in res, res
+
+
+def test_torch_phrases_lead_pyc10d_detail() -> None:
+    """Timeouts and lost peers carry torch's words once; other errors keep their text."""
+    detail = "rank 0 timed out after 1.0s waiting for rank 1"
+    timed = with_torch_phrase(DistTimeoutError(detail), detail)
+    assert timed == f"Timed out ({detail})" and re.search(TORCH_TIMEOUT_REGEX, f"x: {timed}")
+    assert with_torch_phrase(DistTimeoutError(timed), timed) == timed
+    lost = with_torch_phrase(DistNetworkError("x"), "rank 1 closed its connection (its process died)")
+    assert lost == "Connection closed by peer (rank 1 closed its connection (its process died))"
+    assert with_torch_phrase(DistBackendError("x"), "desync: ...") == "desync: ..."
 
 
 def _monitored_barrier_missing_rank(rank: int, ws: int) -> str:
