@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..errors import DistTimeoutError
+from ..errors import TIMED_OUT, DistTimeoutError
 
 
 class Work:
@@ -64,7 +64,7 @@ class Work:
             # to give up at its timeout, which an operation running on its thread cannot.
             if not (runner is not None and secs is None and runner(self)):
                 if not self._latch.acquire(timeout=-1 if secs is None else secs):
-                    raise DistTimeoutError(f"{self.opname}: Work.wait timed out after {secs:.1f}s")
+                    raise DistTimeoutError(f"{self.opname}: {TIMED_OUT} (Work.wait gave up after {secs:.1f}s)")
                 self._latch.release()
         if self._error is not None:
             raise self._error
