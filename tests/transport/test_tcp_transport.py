@@ -60,8 +60,7 @@ def test_message_arrives_whole(numel: int, posted_first: bool, monkeypatch) -> N
         sender.join(20)
         assert torch.equal(dst, src)
     finally:
-        a.close()
-        b.close()
+        close_all(a, b)
 
 
 def test_sockbuf_policy(monkeypatch) -> None:
@@ -97,8 +96,7 @@ def test_oversubscribed_host_gets_fixed_buffers(monkeypatch) -> None:
                 checked += 1
         assert checked == 6
     finally:
-        for t in ts:
-            t.close()
+        close_all(*ts)
 
 
 def ring(ts: list[TCPTransport], payload: bytes = b"ring") -> None:
@@ -132,8 +130,7 @@ def test_connections_open_on_first_use() -> None:
         ring(ts, b"again")  # no new connection
         assert all(len(connections(t)) == 2 for t in ts)
     finally:
-        for t in ts:
-            t.close()
+        close_all(*ts)
 
 
 @pytest.mark.parametrize("trial", range(10))
@@ -157,11 +154,13 @@ def test_simultaneous_dials_leave_one_connection(trial: int) -> None:
         assert sa is not None and sb is not None
         assert sa.getsockname() == sb.getpeername() and sa.getpeername() == sb.getsockname()
     finally:
-        close_pair(a, b)
+        close_all(a, b)
 
 
-def close_pair(a: TCPTransport, b: TCPTransport) -> None:
-    threads = [threading.Thread(target=t.close) for t in (a, b)]
+def close_all(*ts: TCPTransport) -> None:
+    """Close every transport at once, as the ranks of a world do. One after the other, each
+    close would wait out its 1 s for the goodbyes of peers not closed yet."""
+    threads = [threading.Thread(target=t.close) for t in ts]
     for th in threads:
         th.start()
     for th in threads:
@@ -188,8 +187,7 @@ def test_a_peer_gone_before_any_connection_is_named() -> None:
         ring_pair[0].send(1, CH, memoryview(b"ok"))
         assert h.wait(10) == (2, 0) and exchange == b"ok"
     finally:
-        for t in ts:
-            t.close()
+        close_all(*ts)
 
 
 def test_a_peer_that_dies_during_the_first_dial_is_named() -> None:
@@ -237,8 +235,7 @@ def test_large_message_waits_briefly_for_its_receive(monkeypatch) -> None:
         sender.join(10)
         assert torch.equal(dst, src) and held == []
     finally:
-        a.close()
-        b.close()
+        close_all(a, b)
 
 
 def test_receives_posted_out_of_stream_order_complete() -> None:
@@ -260,8 +257,7 @@ def test_receives_posted_out_of_stream_order_complete() -> None:
         sender.join(10)
         assert torch.equal(got1, first) and torch.equal(got2, second)
     finally:
-        a.close()
-        b.close()
+        close_all(a, b)
 
 
 def test_a_refused_dial_from_the_higher_rank_is_not_silent() -> None:
@@ -277,7 +273,7 @@ def test_a_refused_dial_from_the_higher_rank_is_not_silent() -> None:
             h.wait(10)
         assert not b.is_alive(0)
     finally:
-        close_pair(a, b)
+        close_all(a, b)
 
 
 def test_a_later_world_on_the_same_store_uses_fresh_addresses() -> None:
@@ -289,5 +285,4 @@ def test_a_later_world_on_the_same_store_uses_fresh_addresses() -> None:
         try:
             ring(ts, f"round {round_}".encode())
         finally:
-            for t in ts:
-                t.close()
+            close_all(*ts)
