@@ -33,3 +33,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("interpreters") is not None:
             item.add_marker(pytest.mark.xdist_group(INTERPRETERS_GROUP))
+
+
+# torch's DDP, FSDP2 and DTensor import torch._dynamo and torch.distributed.tensor lazily, on
+# first use: in a rank forked from a parent that has not imported them, every rank pays it
+# (2-3 s each on a quiet 2-core machine, 5-6 s under load). Imported here once per worker, the
+# forked ranks inherit them.
+import torch._dynamo  # noqa: E402, F401
+import torch.distributed.fsdp  # noqa: E402, F401
+import torch.distributed.tensor  # noqa: E402, F401
