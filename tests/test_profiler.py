@@ -125,3 +125,27 @@ def test_no_profiler_no_range() -> None:
     with profile():
         assert profiling.on() and torch_profiler._is_profiler_enabled
     assert not profiling.on()
+
+
+def _async(rank: int, world_size: int) -> list[dict[str, Any]]:
+    import time
+
+    import pyc10d as dist
+
+    ts = [torch.ones(4) for _ in range(3)]
+    with profile(record_shapes=True) as prof:
+        works = [dist.all_reduce(t, async_op=True) for t in ts]
+        time.sleep(0.3)  # the progress thread runs them, off the profiled thread
+        for w in works:
+            w.wait()
+    assert all(t[0].item() == 2.0 for t in ts)
+    return _events(prof)
+
+
+def test_async_ops_are_marked_where_they_were_issued() -> None:
+    for rank, events in enumerate(run_ranks("tcp", 2, _async)):
+        queued = _by_name(events, "pyc10d:allreduce (queued)")
+        ran = _by_name(events, "pyc10d:allreduce")  # those a waiter ran itself, if any
+        assert len(queued) == 3, (rank, [e["name"] for e in events])
+        assert [e["args"]["seq"] for e in queued] == [1, 2, 3] and all(e["args"]["bytes"] == 16 for e in queued)
+        assert {e["args"]["seq"] for e in ran} <= {1, 2, 3}

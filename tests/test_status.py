@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+from pyc10d import status
 from tests._multirank import run_ranks
 
 pytestmark = pytest.mark.timeout(50)
@@ -50,22 +51,26 @@ def test_status_names_the_rank_everyone_waits_for(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("PYC10D_STUCK_WARN_S", "4")  # the watchdog publishes every second
     port = _free_port()
     result: list = []
-    job = threading.Thread(target=lambda: result.append(run_ranks("tcp", 4, _job, port, init=False, timeout=40)))
+    job = threading.Thread(target=lambda: result.append(run_ranks("tcp", 4, _job, port, 15.0, init=False,
+                                                                  timeout=45)))
     job.start()
-    seen, deadline = "", time.monotonic() + 30
+    why: object = None
+    deadline = time.monotonic() + 35  # forked ranks can take 10-15 s to start on a loaded machine
     try:
-        while time.monotonic() < deadline:
-            time.sleep(0.5)
+        # in-process until the waiting ranks have published #2, then the command line once (a
+        # fresh interpreter imports torch: seconds on a loaded machine)
+        while True:
+            time.sleep(0.3)
             try:
-                seen = _status(port)
-            except subprocess.CalledProcessError:
-                continue  # the store is not up yet
-            rows = _rows(seen)
-            if len(rows) == 4 and all(rows[r][3:6] == ["#2", "allreduce", "2"] for r in (0, 1, 3)):
+                rows = status.read(status.connect(f"127.0.0.1:{port}", 2.0))
+            except Exception as e:  # noqa: BLE001 - the store is not up yet
+                rows, why = {}, e
+            if [row["running"] for r, row in sorted(rows.items()) if r != 2] == [2, 2, 2]:
                 break
-        else:
-            raise AssertionError(f"no status showed ranks 0, 1, 3 waiting for rank 2 in #2:\n{seen}")
+            assert time.monotonic() < deadline, (status.table(rows), why)
+        seen = _status(port)
         rows = _rows(seen)
+        assert len(rows) == 4 and all(rows[r][3:6] == ["#2", "allreduce", "2"] for r in (0, 1, 3)), seen
         assert rows[2][1:3] == ["#1", "allreduce"] and rows[2][3] == "-", seen  # rank 2: idle after #1
         assert all(rows[r][1:3] == ["#1", "allreduce"] for r in (0, 1, 3)), seen
     finally:
@@ -100,9 +105,10 @@ def test_status_watch_in_a_terminal(monkeypatch: pytest.MonkeyPatch, tmp_path) -
             raise AssertionError(f"the terminal never showed ranks 0, 1, 3 waiting for rank 2:\n{screen}")
         assert screen.count("group '0'") == 1, screen  # redrawn in place, not scrolled
         subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
-        time.sleep(1)
-        alive = subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode == 0
-        assert not alive, "--watch did not end on Ctrl-C"
+        deadline = time.monotonic() + 10  # (seconds on a loaded machine)
+        while subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, "--watch did not end on Ctrl-C"
+            time.sleep(0.2)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
         job.join(45)
@@ -124,21 +130,28 @@ dist.all_reduce(t)
 """
 
 
+@pytest.mark.timeout(55)
 def test_run_prints_the_table_on_ctrl_c(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """3 ranks (fresh interpreters: importing torch in each takes seconds on a loaded machine)."""
     import signal
 
     script = tmp_path / "job.py"
     script.write_text(_SCRIPT)
     env = {**os.environ, "PYC10D_STUCK_WARN_S": "4", "PYTHONPATH": os.getcwd()}
+    port = _free_port()
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "4", "--master-port", str(_free_port()),
+        [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "3", "--master-port", str(port),
          str(script), str(tmp_path)], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 40
         while not (tmp_path / "sleeping").exists():
-            assert time.monotonic() < deadline and launcher.poll() is None, "the job never got to #2"
+            assert launcher.poll() is None, launcher.communicate()[1]
+            assert time.monotonic() < deadline, "the job never got to #2"
             time.sleep(0.1)
-        time.sleep(3)  # a publication of the watchdog (every second here) after the others entered #2
+        store = status.connect(f"127.0.0.1:{port}")
+        while [row["running"] for r, row in sorted(status.read(store).items()) if r != 2] != [2, 2]:
+            assert time.monotonic() < deadline, status.table(status.read(store))  # the others publish #2
+            time.sleep(0.2)
         launcher.send_signal(signal.SIGINT)
         _, err = launcher.communicate(timeout=30)
     finally:
@@ -146,6 +159,6 @@ def test_run_prints_the_table_on_ctrl_c(tmp_path, monkeypatch: pytest.MonkeyPatc
             launcher.kill()
     rows = _rows(err)
     assert launcher.returncode == 128 + signal.SIGINT, err
-    assert sorted(rows) == [0, 1, 2, 3], err
-    assert all(rows[r][3:6] == ["#2", "allreduce", "2"] for r in (0, 1, 3)), err
+    assert sorted(rows) == [0, 1, 2], err
+    assert all(rows[r][3:6] == ["#2", "allreduce", "2"] for r in (0, 1)), err
     assert rows[2][3] == "-", err

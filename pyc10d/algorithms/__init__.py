@@ -44,32 +44,31 @@ SMALL_ALLGATHER = 64 * 1024
 
 def select(collective: str, world_size: int, nbytes: int):  # noqa: ANN201
     """Return the algorithm for ``collective`` at this world size and message size (inside
-    a ``pyc10d:<algorithm>`` profiler range while a profiler runs, see ``profiling``)."""
-    fn = _select(collective, world_size, nbytes)
-    return profiling.algorithm(fn) if _torch_profiler._is_profiler_enabled else fn
-
-
-def _select(collective: str, world_size: int, nbytes: int):  # noqa: ANN202
+    a ``pyc10d:<algorithm>`` profiler range while a profiler runs, see ``profiling``; the
+    check is inline, one attribute read, so that no wrapper call is paid when off)."""
     small = world_size <= 2
     if collective == "allreduce":
-        return allreduce_direct if nbytes <= SMALL_ALLREDUCE else allreduce_ring
-    if collective == "broadcast":
+        fn = allreduce_direct if nbytes <= SMALL_ALLREDUCE else allreduce_ring
+    elif collective == "broadcast":
         if small or nbytes <= SMALL_BROADCAST:
-            return broadcast_direct
+            fn = broadcast_direct
         # The chain moves fewer bytes in all ((n-1)S against about nS), but fills its pipeline
         # in n-1 hops of a segment: worth it once the message spans n-2 segments. Measured
         # on tcp, n=4 on 2 cores: 2 MiB 2.2 ms vs 2.6, 8 MiB 8.0 vs 8.6-8.8, 64 MiB 48-58 vs
         # 61-66 (scatter + all-gather).
-        if nbytes >= (world_size - 2) * segments.SEGMENT_BYTES:
-            return broadcast_chain
-        return broadcast_scatter_allgather
-    if collective == "reduce":
-        return reduce_direct if small or nbytes <= SMALL_ALLREDUCE else reduce_ring
-    if collective == "reduce_scatter":
-        return reduce_scatter_direct if nbytes <= SMALL_REDUCE_SCATTER else reduce_scatter_ring
-    if collective == "allgather":
-        return allgather_direct if nbytes <= SMALL_ALLGATHER else allgather_ring
-    raise KeyError(collective)
+        elif nbytes >= (world_size - 2) * segments.SEGMENT_BYTES:
+            fn = broadcast_chain
+        else:
+            fn = broadcast_scatter_allgather
+    elif collective == "reduce":
+        fn = reduce_direct if small or nbytes <= SMALL_ALLREDUCE else reduce_ring
+    elif collective == "reduce_scatter":
+        fn = reduce_scatter_direct if nbytes <= SMALL_REDUCE_SCATTER else reduce_scatter_ring
+    elif collective == "allgather":
+        fn = allgather_direct if nbytes <= SMALL_ALLGATHER else allgather_ring
+    else:
+        raise KeyError(collective)
+    return profiling.algorithm(fn) if _torch_profiler._is_profiler_enabled else fn
 
 
 # Shared memory: up to this many bytes every rank reduces the whole tensor after one phase;
@@ -85,22 +84,18 @@ _SHM_ONLY = {
 
 
 def select_shm(collective: str, world_size: int, nbytes: int, slot_bytes: int):  # noqa: ANN201
-    """The shared-memory algorithm for ``collective`` (``slot_bytes``: one rank's slot); in
-    a profiler range as ``select``'s."""
-    fn = _select_shm(collective, world_size, nbytes, slot_bytes)
-    return profiling.algorithm(fn) if _torch_profiler._is_profiler_enabled else fn
-
-
-def _select_shm(collective: str, world_size: int, nbytes: int, slot_bytes: int):  # noqa: ANN202
-    """The shared-memory algorithm for ``collective`` (``slot_bytes``: one rank's slot).
+    """The shared-memory algorithm for ``collective`` (``slot_bytes``: one rank's slot), in a
+    profiler range as ``select``'s.
 
     Only all_reduce/reduce choose by size; the chunked algorithms of the other collectives
     are a single flat exchange whenever the message fits one slot.
     """
     if collective in ("allreduce", "reduce"):
         flat = nbytes <= min(SHM_FLAT_ALLREDUCE, slot_bytes) or world_size == 1
-        return allreduce_shm_flat if flat else allreduce_shm_rsag
-    return _SHM_ONLY[collective]
+        fn = allreduce_shm_flat if flat else allreduce_shm_rsag
+    else:
+        fn = _SHM_ONLY[collective]
+    return profiling.algorithm(fn) if _torch_profiler._is_profiler_enabled else fn
 
 
 __all__ = [

@@ -3,8 +3,9 @@
 Every collective and point-to-point call shows in a ``torch.profiler`` trace as
 ``pyc10d:<op>``; inside it, ``pyc10d:<algorithm>`` where an algorithm was chosen, and
 ``pyc10d:wait`` for each stretch spent waiting for peers (a receive, a shared-memory phase).
-The operation's range carries its input shapes and dtype, ``bytes``, ``group``, ``seq`` and
-``backend`` as arguments; torch writes arguments into a trace only when it records input
+The operation's range carries the shapes and dtype of the tensors it writes (the
+in-place collectives' inputs; the output list of an all_gather), their ``bytes``, ``group``,
+``seq`` and ``backend`` as arguments; torch writes arguments into a trace only when it records input
 shapes (``profile(record_shapes=True)``), as it does for its own operators.
 
 Cost when off: every hook first reads ``torch.autograd.profiler._is_profiler_enabled``, a
@@ -55,6 +56,15 @@ def op_range(opname: str, tensors: Any, seq: int, group: str, backend: str, **ex
         "group": group, "seq": seq, "backend": backend, **extra,
     }
     return _Range(f"pyc10d:{opname}", ts[:16], meta)
+
+
+def queued(opname: str, tensors: Any, seq: int, group: str, backend: str) -> None:
+    """Mark on the issuing thread that operation ``seq`` was queued (``pyc10d:<op> (queued)``,
+    a range of no length with the operation's arguments). The group's progress thread may run
+    it, and torch.profiler records only the threads it was started on (unless
+    ``profile_all_threads``), so without this an ``async_op=True`` call could leave no trace."""
+    with op_range(f"{opname} (queued)", tensors, seq, group, backend):
+        pass
 
 
 def wait_range(peer: int | str) -> Any:

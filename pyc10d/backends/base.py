@@ -241,6 +241,8 @@ class Engine:
                         target=self._progress, daemon=True, name=f"pyc10d-progress-{self.group_name}"
                     )
                     self._worker.start()
+        if not inline and _torch_profiler._is_profiler_enabled:  # see ``profiling.queued``
+            profiling.queued(opname, outputs, seq, self.group_name, self.backend_name)
         try:
             if early and self.desync_check:  # messages of peers that ran ahead to this operation
                 fp = fingerprint(opname, red, root)
@@ -366,7 +368,8 @@ class Engine:
         takes it up; ``_run`` is the one place every collective of both paths passes, on
         the thread that runs it, when it runs. (An operation the progress thread runs shows
         only when the profiler follows every thread: torch.profiler records the threads it
-        was started on unless ``_ExperimentalConfig(profile_all_threads=True)``.)
+        was started on unless ``_ExperimentalConfig(profile_all_threads=True)``; ``_submit``
+        marks every queued operation on its issuing thread for that reason.)
         """
         work, fn, channel, timeout, now, red, root = job
         error: BaseException | None = None
