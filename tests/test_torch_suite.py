@@ -40,6 +40,7 @@ CASES = {
 }
 
 
+@pytest.mark.interpreters
 @pytest.mark.timeout(55)
 @pytest.mark.parametrize("case", list(CASES))
 def test_torch_suite_slice(case: str, tmp_path: Path) -> None:
