@@ -39,7 +39,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pyc10d.bench.launch import run_worker
+from pyc10d.bench.launch import keep_fastest, run_worker
 from pyc10d.bench.timing import back_to_back
 
 IMPLS = ["pyc10d-shm", "pyc10d-tcp", "torch-pyc10d_shm", "torch-gloo"]
@@ -245,11 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                     if isinstance(res, str):
                         failures.append(f"{impl} x{world}: {res}")
                         continue
-                    kept = best.get((impl, world))
-                    rounds = (kept["round_step_ms"] if kept else []) + [res["step_ms"]]
-                    if kept is None or res["step_ms"] < kept["step_ms"]:
-                        kept = res
-                    best[(impl, world)] = {**kept, "round_step_ms": rounds}
+                    keep_fastest(best, (impl, world), res, "step_ms", "round_step_ms")
     records = list(best.values())
     ref = {r["world_size"]: r["step_ms"] for r in records if r["impl"] == "torch-gloo"}
     print(f"\nDDP step of a {args.layers}-layer transformer (dim {args.dim}), bucket_cap_mb={args.bucket_cap_mb}")

@@ -15,6 +15,17 @@ from pathlib import Path
 from typing import Any
 
 
+def keep_fastest(best: dict[Any, dict[str, Any]], key: Any, record: dict[str, Any], field: str,
+                 rounds_field: str) -> None:
+    """Keep, under ``key``, the record with the lowest ``field`` over a benchmark's rounds, with
+    every round's ``field`` listed in ``rounds_field`` (the rounds are reported beside it)."""
+    kept = best.get(key)
+    rounds = (kept[rounds_field] if kept else []) + [record[field]]
+    if kept is None or record[field] < kept[field]:
+        kept = record
+    best[key] = {**kept, rounds_field: rounds}
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from pyc10d.bench.launch import run_worker
+from pyc10d.bench.launch import keep_fastest, run_worker
 from pyc10d.bench.timing import back_to_back
 
 IMPLS = ["single", "pyc10d-shm", "torch-pyc10d_shm", "torch-gloo", "dtensor-pyc10d_shm", "dtensor-gloo"]
@@ -217,11 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                 if isinstance(res, str):
                     failures.append(f"{impl}: {res}")
                     continue
-                kept = best.get(impl)
-                rounds = (kept["round_ms"] if kept else []) + [res["ms_per_token"]]
-                if kept is None or res["ms_per_token"] < kept["ms_per_token"]:
-                    kept = res
-                best[impl] = {**kept, "round_ms": rounds}
+                keep_fastest(best, impl, res, "ms_per_token", "round_ms")
     single = best.get("single", {}).get("ms_per_token")
     print(f"\nTP decode: {args.layers} layers of {args.dim} -> {4 * args.dim} -> {args.dim}, bf16, "
           f"batch 1, 2 ranks (single: 1 process, 2 threads); every token checked")
