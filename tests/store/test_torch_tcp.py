@@ -97,8 +97,12 @@ def test_queues_and_list_keys_agree_with_torchs_client(server: td.TCPStore) -> N
 
     s = TorchTCPStore("127.0.0.1", server.port, world_size=1, timeout=timedelta(seconds=5))
     assert s.has_extended_api()
+    # A push has no answer, so two connections' pushes may reach the server in either order:
+    # each is followed by a queue_len on its own connection, which the server answers after it.
     s.queue_push("q", b"a")
+    assert s.queue_len("q") == 1
     server.queue_push("q", b"b")
+    assert server.queue_len("q") == 2
     s.queue_push("q", "c")
     assert s.queue_len("q") == 3 == server.queue_len("q")
     assert s.queue_pop("q") == b"a" and server.queue_pop("q") == b"b"
@@ -107,7 +111,8 @@ def test_queues_and_list_keys_agree_with_torchs_client(server: td.TCPStore) -> N
         s.queue_pop("q", block=False)
     assert s.queue_len("q") == 0 and s.queue_len("never") == 0
     s.set("k1", "v")
-    server.set("k2", b"w")
+    server.set("k2", b"w")  # a set has no answer either: a get on each connection follows it
+    assert s.get("k1") == b"v" and server.get("k2") == b"w"
     # the server's own key (init/, from world_size) is left out, as torch's client leaves it
     assert sorted(s.list_keys()) == sorted(server.list_keys()) == ["k1", "k2"]
 
