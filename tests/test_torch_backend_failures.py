@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch
-import torch._dynamo  # noqa: F401 - DDP imports it lazily: once here, not in every forked rank
 import torch.distributed as dist
 from _multirank import run_ranks
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
