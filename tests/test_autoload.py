@@ -62,6 +62,8 @@ def test_a_failing_registration_warns_and_never_raises(monkeypatch: pytest.Monke
 
 
 SCRIPT = textwrap.dedent("""
+    import sys
+
     import torch
     import torch.distributed as dist
 
@@ -69,7 +71,10 @@ SCRIPT = textwrap.dedent("""
     t = torch.full((3,), float(dist.get_rank() + 1))
     dist.all_reduce(t)
     assert t.tolist() == [3.0, 3.0, 3.0], t
-    print("rank", dist.get_rank(), type(dist.distributed_c10d._get_default_group()).__name__, flush=True)
+    # one write per rank (the ranks share torchrun's stdout: print's pieces could interleave)
+    line = f"rank {dist.get_rank()} {type(dist.distributed_c10d._get_default_group()).__name__}"
+    sys.stdout.write(line + chr(10))
+    sys.stdout.flush()
     dist.destroy_process_group()
 """)
 
