@@ -4,7 +4,7 @@ Usage::
 
     python -m pyc10d.run [--nproc-per-node N] [--nnodes 1] [--node-rank 0]
                          [--master-addr 127.0.0.1] [--master-port 29500]
-                         [--rdzv-endpoint host:port]
+                         [--rdzv-endpoint host:port] [--start-method exec|fork]
                          (script.py | -m module) [args ...]
 
 It starts ``N`` copies of the script (or module) as child processes of this one, each with
@@ -45,6 +45,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    from .run_fork import ForkedRank
+
+#: A running rank: a fresh interpreter, or one forked from the launcher.
+Rank = Union["subprocess.Popen[bytes]", "ForkedRank"]
 
 PREFIX = "pyc10d.run"
 POLL_S = 0.05
@@ -73,6 +80,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--term-timeout", "--term_timeout", dest="term_timeout", type=float,
                    default=5.0, help="seconds between SIGTERM and SIGKILL when stopping "
                    "ranks (default 5)")
+    p.add_argument("--start-method", "--start_method", dest="start_method", choices=("exec", "fork"),
+                   default="exec", help="exec: each rank is a fresh interpreter (default); fork: "
+                   "ranks are forked from this launcher, which has imported torch and pyc10d "
+                   "already (starts in milliseconds; see pyc10d.run_fork for what differs)")
     p.add_argument("-m", "--module", action="store_true",
                    help="run the target as a module, like 'python -m'")
     p.add_argument("script", help="the script (or, with -m, the module) to run")
@@ -175,7 +186,7 @@ def describe(code: int) -> str:
     return f"code {code}"
 
 
-def stop_all(procs: Sequence[subprocess.Popen[bytes]], sig: int, grace: float) -> None:
+def stop_all(procs: Sequence[Rank], sig: int, grace: float) -> None:
     """Send ``sig`` to every live child, then SIGKILL those alive after ``grace`` s; reap all."""
     for p in procs:
         if p.poll() is None:
@@ -193,6 +204,17 @@ def stop_all(procs: Sequence[subprocess.Popen[bytes]], sig: int, grace: float) -
         p.wait()
 
 
+def start_rank(args: argparse.Namespace, local_rank: int, preexec: Callable[[], None] | None) -> Rank:
+    """One rank, as a fresh interpreter or (``--start-method fork``) forked from this process."""
+    if args.start_method == "fork":
+        from .run_fork import start
+
+        return start([args.script, *args.script_args], args.module, rank_env(args, local_rank), preexec)
+    target = ["-m", args.script] if args.module else [args.script]
+    cmd = [sys.executable, "-u", *target, *args.script_args]
+    return subprocess.Popen(cmd, env=rank_env(args, local_rank), preexec_fn=preexec)
+
+
 class _Interrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -205,15 +227,12 @@ def _raise_interrupted(signum: int, _frame: FrameType | None) -> None:
 
 def launch(args: argparse.Namespace) -> int:
     """Start the ranks, watch them, and return the launcher's exit code."""
-    target = ["-m", args.script] if args.module else [args.script]
-    cmd = [sys.executable, "-u", *target, *args.script_args]
     preexec = _die_with_parent()
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Rank] = []
     old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for local_rank in range(args.nproc_per_node):
-            procs.append(subprocess.Popen(cmd, env=rank_env(args, local_rank),
-                                          preexec_fn=preexec))
+            procs.append(start_rank(args, local_rank, preexec))
         base = args.node_rank * args.nproc_per_node
         by_pid = {p.pid: (base + i, p) for i, p in enumerate(procs)}
         while any(p.returncode is None for p in procs):

@@ -17,14 +17,19 @@ DTYPES: list[torch.dtype] = [
 ]
 FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
-#: Thresholds (bytes) and segment size used by most families: ring above 2 KiB, 512 B segments.
+#: Thresholds (bytes) and segment size used by most families: ring above 2 KiB, 512 B segments,
+#: 1 KiB shm slots. With 1 KiB slots the flat exchange (<= one slot) and the chunked paths
+#: (first, middle and a partial last chunk) are all taken: 4099 elements of any dtype are 5-65
+#: chunks, 1009 of 4 bytes or more at least 4. 256 B slots (4-16x as many phases, each a sync of
+#: every rank: reduce_scatter's family took 10 s at 4 ranks) stay in ``ring_everywhere`` and
+#: ``tests/backends/test_shm.py``.
 PATCHED = {
     "pyc10d.algorithms.SMALL_ALLREDUCE": 2048,
     "pyc10d.algorithms.SMALL_BROADCAST": 2048,
     "pyc10d.algorithms.SMALL_REDUCE_SCATTER": 1024,
     "pyc10d.algorithms.SMALL_ALLGATHER": 1024,
     "pyc10d.algorithms.segments.SEGMENT_BYTES": 512,
-    "pyc10d.backends.shm.SLOT_BYTES": 256,
+    "pyc10d.backends.shm.SLOT_BYTES": 1024,
 }
 
 

@@ -83,7 +83,8 @@ def test_each_kind_of_implementation_decodes_and_is_checked(tmp_path: Path) -> N
 @pytest.mark.interpreters
 def test_the_example_decodes_right() -> None:
     root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "2", str(root / "examples" / "tp_inference.py"),
+    cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "2", "--start-method", "fork",
+           str(root / "examples" / "tp_inference.py"),
            "--dim", "128", "--layers", "2", "--tokens", "4"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=100, cwd=root)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -31,10 +32,28 @@ def _job(rank: int, world_size: int, port: int, sleep_s: float = 8.0) -> float:
     dist.init_process_group("tcp", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     t = torch.ones(4)
     dist.all_reduce(t)  # #1
-    if rank == 2:
-        time.sleep(sleep_s)  # the others wait for it in #2
+    if rank == 2:  # the others wait for it in #2 until the test has seen them do so
+        _stay_away(port, sleep_s)
     dist.all_reduce(t)  # #2
     return float(t[0])
+
+
+def _stay_away(port: int, limit_s: float) -> None:
+    """Rank 2 stays out of #2 until the test sets ``test/release`` (at most ``limit_s``)."""
+    from pyc10d.store import TCPStore
+
+    store = TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
+    try:
+        store.wait(["test/release"], timedelta(seconds=limit_s))
+    except Exception:  # noqa: BLE001 - the limit: go on, as a fixed sleep would have
+        pass
+
+
+def _release(port: int) -> None:
+    try:
+        status.connect(f"127.0.0.1:{port}", 5.0).set("test/release", "1")
+    except Exception:  # noqa: BLE001 - the job is gone already; its result says why
+        pass
 
 
 def _status(port: int) -> str:
@@ -74,6 +93,7 @@ def test_status_names_the_rank_everyone_waits_for(monkeypatch: pytest.MonkeyPatc
         assert rows[2][1:3] == ["#1", "allreduce"] and rows[2][3] == "-", seen  # rank 2: idle after #1
         assert all(rows[r][1:3] == ["#1", "allreduce"] for r in (0, 1, 3)), seen
     finally:
+        _release(port)
         job.join(45)
     assert result == [[16.0] * 4]
 
@@ -104,6 +124,7 @@ def test_status_watch_in_a_terminal(monkeypatch: pytest.MonkeyPatch, tmp_path) -
         else:
             raise AssertionError(f"the terminal never showed ranks 0, 1, 3 waiting for rank 2:\n{screen}")
         assert screen.count("group '0'") == 1, screen  # redrawn in place, not scrolled
+        _release(port)
         subprocess.run(["tmux", "send-keys", "-t", session, "C-c"], check=True)
         deadline = time.monotonic() + 10  # (seconds on a loaded machine)
         while subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode == 0:
@@ -111,6 +132,7 @@ def test_status_watch_in_a_terminal(monkeypatch: pytest.MonkeyPatch, tmp_path) -
             time.sleep(0.2)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        _release(port)
         job.join(45)
     assert result == [[16.0] * 4]
 
@@ -132,7 +154,7 @@ dist.all_reduce(t)
 
 @pytest.mark.timeout(55)
 def test_run_prints_the_table_on_ctrl_c(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """3 ranks (fresh interpreters: importing torch in each takes seconds on a loaded machine)."""
+    """3 ranks forked from the launcher (the start method is tested in test_run.py)."""
     import signal
 
     script = tmp_path / "job.py"
@@ -140,7 +162,7 @@ def test_run_prints_the_table_on_ctrl_c(tmp_path, monkeypatch: pytest.MonkeyPatc
     env = {**os.environ, "PYC10D_STUCK_WARN_S": "4", "PYTHONPATH": os.getcwd()}
     port = _free_port()
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "3", "--master-port", str(port),
+        [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "3", "--master-port", str(port), "--start-method", "fork",
          str(script), str(tmp_path)], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + 40

@@ -86,7 +86,7 @@ def run_job(backend: str, world_size: int, ops: list[str], sizes: list[int], ite
     else:
         cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", str(world_size),
                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-               "--term-timeout", "3", "-m", "pyc10d.bench.worker", *job]
+               "--term-timeout", "3", "--start-method", "fork", "-m", "pyc10d.bench.worker", *job]
     proc = subprocess.Popen(cmd, env=env)
     try:
         code = proc.wait(timeout=timeout)

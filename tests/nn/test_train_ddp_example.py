@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize("backend", ["gloo", "shm"])
 def test_example_trains(backend: str) -> None:
-    cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "2", str(ROOT / "examples" / "train_ddp.py"),
+    cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "2", "--start-method", "fork",
+           str(ROOT / "examples" / "train_ddp.py"),
            "--steps", "12", "--context", "32", "--backend", backend]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=50)
