@@ -50,10 +50,13 @@ demo: $(STAMP)
 # --dist loadgroup hands out single tests, so the long files (conformance, hier) spread too,
 # except the tests marked `interpreters` (tests/conftest.py): those run one at a time.
 # tmux for the terminal test of pyc10d.status --watch (it skips only where tmux cannot be had).
+# compileall: the suite starts ~150 interpreters; where PYTHONDONTWRITEBYTECODE is set (as on
+# these machines) each would compile pyc10d's sources again (0.2-0.5 s of CPU apiece).
 TEST_WORKERS ?= auto
 test: $(STAMP)
 	command -v tmux >/dev/null || { apt-get update && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y tmux; } || true
+	$(PY) -m compileall -q -j 0 pyc10d tests examples _pyc10d_autoload.py
 	$(PY) -m pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
 # Open MPI from Debian when mpirun is absent: without it the real-mpirun tests skip.

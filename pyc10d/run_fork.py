@@ -12,7 +12,9 @@ forked rank differs from a fresh one in ways a user's script may notice:
   environment (the per-rank variables such as ``RANK`` are read later, by
   ``init_process_group``);
 * ``sys.path[0]`` is set as Python sets it (the script's directory, or the working directory
-  for ``-m``), but the rest of ``sys.path`` and ``sys.flags`` are the launcher's.
+  for ``-m``), but the rest of ``sys.path`` and ``sys.flags`` are the launcher's;
+* ``atexit`` handlers registered before the fork do not run at the rank's exit (they belong
+  to the parent: a test process forking ranks may hold handlers that tear down its fixtures).
 
 The rank runs as ``python -u`` would run it: ``__main__`` is the script, ``sys.argv`` its
 arguments, SIGINT raises ``KeyboardInterrupt`` and SIGTERM kills; at its end non-daemon
@@ -23,10 +25,12 @@ after an uncaught exception, whose traceback goes to stderr).
 from __future__ import annotations
 
 import atexit
+import gc
 import io
 import os
 import runpy
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -55,7 +59,7 @@ class ForkedRank:
         end = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if end is not None and time.monotonic() > end:
-                raise TimeoutError(f"rank pid {self.pid} still running after {timeout} s")
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)  # as Popen.wait
             time.sleep(0.02)
         return self.returncode  # type: ignore[return-value]
 
@@ -97,6 +101,8 @@ def _rank_main(target: list[str], module: bool, env: dict[str, str],
                preexec: Callable[[], None] | None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    atexit._clear()  # the parent's handlers are the parent's: only the rank's own run at its exit
+    gc.freeze()  # the launcher's objects are never collected here: no full pass copying their pages
     if preexec is not None:
         preexec()
     os.environ.clear()

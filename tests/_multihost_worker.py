@@ -14,6 +14,7 @@ rounds so the test knows when to kill a host.
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -57,6 +58,7 @@ def _loop(rank: int, ws: int, out: str) -> int:
 
 
 def _rank(case: str, out: str, master: str, ws: int, rank: int, backend: str, families: list[str]) -> None:
+    gc.freeze()  # no full GC pass over the parent's heap: see MultiProcessTestCase._run_rank
     torch.set_num_threads(1)
     report: dict = {"rank": rank, "ok": False, "error": "", "count": 0, "backend": ""}
     try:

@@ -27,6 +27,7 @@ its ranks must share a process).
 from __future__ import annotations
 
 import faulthandler
+import gc
 import importlib
 import multiprocessing
 import multiprocessing.connection
@@ -112,6 +113,7 @@ def _body(rank: int, world_size: int, backend: str, fn: Callable[..., Any], args
 
 
 def _child(rank: int, conn: Any, stack_path: str, patches: dict[str, Any] | None, *rest: Any) -> None:
+    gc.freeze()  # no full GC pass over the parent's heap: see MultiProcessTestCase._run_rank
     stack_file = open(stack_path, "w")  # noqa: SIM115 - lives as long as the process
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
     torch.set_num_threads(1)

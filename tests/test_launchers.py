@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -321,9 +322,27 @@ def _script(tmp_path: Path) -> tuple[Path, Path]:
 
 def _run_ranks(envs: list[dict[str, str]], script: Path, out: Path, backend: str,
                timeout: float = 40) -> list[dict]:
-    """One process per environment, each a rank running ``script``; their results."""
-    cmd = [sys.executable, str(script), str(out), backend]
-    return _run_all([(cmd, env) for env in envs], out, len(envs), timeout)
+    """One process per environment, each a rank running ``script``; their results.
+
+    The ranks are forked from this test process and run the script as ``python script``
+    would (``pyc10d.run_fork``), with only the launcher's variables in their environment:
+    what is tested is how ``init_process_group`` reads them, and a fresh interpreter per rank
+    would add an ``import torch`` (2.5 s of CPU) each. Real launchers start real interpreters
+    below (torchrun, pyc10d.run, mpirun)."""
+    from pyc10d.run_fork import start
+
+    ranks = [start([str(script), str(out), backend], False, env, None) for env in envs]
+    try:
+        deadline = time.monotonic() + timeout
+        for i, p in enumerate(ranks):
+            code = p.wait(max(deadline - time.monotonic(), 0.1))
+            assert code == 0, f"rank process {i} exited {code} (its stderr is in the captured output)"
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return _results(out, len(envs))
 
 
 def _two_nodes(cmds: list[list[str]], out: Path) -> list[dict]:

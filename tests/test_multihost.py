@@ -65,14 +65,14 @@ def port() -> int:
 
 def _start(hs: Hosts, layout: list[int], case: str, backend: str, out: Path, families: list[str],
            port: int) -> list:
-    """One worker per host, running the ranks ``layout`` puts there."""
+    """One worker per host, running the ranks ``layout`` puts there (forked from this process
+    into the host's namespaces: ``Host.spawn_script``; torch's torchrun below starts fresh
+    interpreters on the hosts)."""
     procs = []
     for h in hs.hosts:
         ranks = ",".join(str(r) for r, j in enumerate(layout) if j == h.index)
-        log = open(out / f"{h.name}.log", "w")  # noqa: SIM115 - closed with the process
-        argv = [sys.executable, WORKER, case, str(out), f"{hs[0].addr}:{port}", str(len(layout)), ranks, backend,
-                ",".join(families)]
-        procs.append(h.spawn(argv, stdout=log, stderr=subprocess.STDOUT))
+        args = [case, str(out), f"{hs[0].addr}:{port}", str(len(layout)), ranks, backend, ",".join(families)]
+        procs.append(h.spawn_script(WORKER, args, str(out / f"{h.name}.log")))
     return procs
 
 
@@ -212,9 +212,8 @@ def test_file_rendezvous_across_hosts(hosts: Hosts, tmp_path: Path, api: str) ->
     procs = []
     for r in range(4):
         h = hosts[r // 2]
-        log = open(tmp_path / f"{h.name}-rank{r}.log", "w")  # noqa: SIM115 - closed with the process
         init = f"file://{tmp_path / 'store'}?rank={r}&world_size=4"
-        procs.append(h.spawn([sys.executable, API_RANK, str(tmp_path), api, backend, init],
-                             stdout=log, stderr=subprocess.STDOUT))
+        procs.append(h.spawn_script(API_RANK, [str(tmp_path), api, backend, init],
+                                    str(tmp_path / f"{h.name}-rank{r}.log")))
     for r, rep in _all_succeed(hosts, procs, tmp_path, 35).items():
         assert (rep["world"], rep["sum"], rep["bcast"], rep["host"]) == (4, [10.0] * 4, [3.0] * 3, f"h{r // 2}")

@@ -257,3 +257,105 @@ def test_rdzv_endpoint_conflicts_with_master_addr() -> None:
     assert "either --rdzv-endpoint or --master-addr" in res.stderr
     res = _launch(["--rdzv-endpoint", "h:99999", "x.py"])
     assert res.returncode == 2 and "port '99999'" in res.stderr
+
+
+# -- --start-method fork: ranks forked from the launcher ----------------------------------------
+FORKED = """
+    import atexit, json, os, sys, threading, time
+    out = sys.argv[1]
+    rank = os.environ["RANK"]
+    data = {{k: os.environ.get(k) for k in {keys!r}}}
+    data.update(argv=sys.argv[1:], name=__name__, path0=sys.path[0], pid=os.getpid(),
+                ppid=os.getppid(), torch_loaded="torch" in sys.modules, omp=os.environ.get("OMP_NUM_THREADS"))
+    with open(os.path.join(out, "env_" + rank + ".json"), "w") as f:
+        json.dump(data, f)
+    def late():  # a non-daemon thread: the rank waits for it before its atexit handlers
+        time.sleep(0.2)
+        open(os.path.join(out, "thread_" + rank), "w").close()
+    threading.Thread(target=late).start()
+    atexit.register(lambda: open(os.path.join(out, "atexit_" + rank), "w").write(
+        str(os.path.exists(os.path.join(out, "thread_" + rank)))))
+    print("rank", rank, "says hello", flush=False)
+    sys.exit(int(sys.argv[2]) if rank == "1" else 0)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_fork_start_runs_the_script_as_python_would(tmp_path: Path) -> None:
+    """Each rank is a child of the launcher with torch already imported, and otherwise sees what
+    a fresh ``python -u script`` sees: its environment, ``__main__``, argv, ``sys.path[0]``;
+    non-daemon threads joined, then atexit, then the exit code of ``sys.exit``."""
+    script = _write(tmp_path / "forked.py", FORKED.format(keys=ENV_KEYS))
+    out = tmp_path / "out"
+    out.mkdir()
+    launcher = subprocess.run([sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "2", "--start-method",
+                               "fork", "--master-port", "31235", str(script), str(out), "5"],
+                              env={k: v for k, v in _env().items() if k != "OMP_NUM_THREADS"},
+                              capture_output=True, text=True, timeout=45)
+    assert launcher.returncode == 5, launcher.stderr
+    assert "pyc10d.run: rank 1 exited with code 5" in launcher.stderr
+    for rank in range(2):
+        data = json.loads((out / f"env_{rank}.json").read_text())
+        assert data["RANK"] == str(rank) and data["LOCAL_WORLD_SIZE"] == "2" and data["MASTER_PORT"] == "31235"
+        assert data["argv"] == [str(out), "5"] and data["name"] == "__main__"
+        assert data["path0"] == str(tmp_path) and data["torch_loaded"] and data["omp"] == "1"
+        assert (out / f"atexit_{rank}").read_text() == "True"  # the thread had finished
+    assert "rank 0 says hello" in launcher.stdout  # flushed at exit though print did not
+
+
+@pytest.mark.timeout(60)
+def test_fork_start_module_and_failures(tmp_path: Path) -> None:
+    """``-m`` under fork, then the failure paths: a rank SIGKILLed is named with its signal, an
+    exception's traceback reaches stderr (exit code 1) and the other ranks are stopped."""
+    pkg = tmp_path / "mods"
+    pkg.mkdir()
+    _write(pkg / "dumpmod.py", DUMP_ENV.format(keys=ENV_KEYS))
+    out = tmp_path / "out"
+    out.mkdir()
+    res = _launch(["--nproc-per-node", "2", "--start-method", "fork", "-m", "dumpmod", str(out)], extra_path=pkg)
+    assert res.returncode == 0, res.stderr
+    assert {json.loads((out / f"env_{r}.json").read_text())["RANK"] for r in range(2)} == {"0", "1"}
+
+    script = _write(tmp_path / "fail.py", FAIL_ONE.format())
+    res = _launch(["--nproc-per-node", "2", "--start-method", "fork", str(script), str(tmp_path), "0", "kill", "2"])
+    assert res.returncode == 128 + signal.SIGKILL, res.stderr
+    assert "pyc10d.run: rank 0 exited with code -9 (SIGKILL)" in res.stderr
+    assert not any(_alive(pid) for pid in _pids(tmp_path, 2).values())
+
+    boom = _write(tmp_path / "boom.py", """
+        import os
+        if os.environ["RANK"] == "1":
+            raise ValueError("rank one is unhappy")
+        import time
+        time.sleep(300)
+    """)
+    res = _launch(["--nproc-per-node", "2", "--start-method", "fork", "--term-timeout", "1", str(boom)])
+    assert res.returncode == 1, res.stderr
+    assert "ValueError: rank one is unhappy" in res.stderr and "pyc10d.run: rank 1 exited with code 1" in res.stderr
+
+
+@pytest.mark.timeout(60)
+def test_fork_start_forwards_sigint(tmp_path: Path) -> None:
+    """Ctrl-C to the launcher: forked ranks get KeyboardInterrupt and die of SIGINT, as a
+    fresh interpreter would; the launcher exits 128 + SIGINT."""
+    script = _write(tmp_path / "fail.py", FAIL_ONE.format())
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "2", "--start-method", "fork", str(script),
+         str(tmp_path), "-1", "exit", "2"], env=_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.glob("pid_[0-9]"))) < 2:
+            assert time.monotonic() < deadline, "ranks never started"
+            assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
+            time.sleep(0.05)
+        pids = _pids(tmp_path, 2)
+        assert all(int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]) == launcher.pid
+                   for pid in pids.values())  # children of the launcher itself
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 128 + signal.SIGINT, err
+    assert "KeyboardInterrupt" in err
+    assert not any(_alive(pid) for pid in pids.values())
