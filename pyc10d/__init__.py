@@ -12,129 +12,59 @@ does) and ``symmetric_memory`` (imported on its own, as torch's).
 
 from __future__ import annotations
 
-from . import constants, device_mesh, distributed_c10d, functional, nn
-from .backends import Work
-from .collectives import (
-    _all_gather_base,
-    _broadcast_coalesced,
-    _reduce_scatter_base,
-    all_gather,
-    all_gather_coalesced,
-    all_gather_into_tensor,
-    all_gather_single,
-    all_reduce,
-    all_reduce_coalesced,
-    all_to_all,
-    all_to_all_single,
-    barrier,
-    broadcast,
-    gather,
-    monitored_barrier,
-    reduce,
-    reduce_scatter,
-    reduce_scatter_single,
-    reduce_scatter_tensor,
-    scatter,
-    supports_complex,
-)
-from .constants import default_pg_timeout, reduce_op
-from .device_mesh import DeviceMesh, init_device_mesh
-from .errors import (
-    DistBackendError,
-    DistError,
-    DistInputError,
-    DistNetworkError,
-    DistStoreError,
-    DistTimeoutError,
-    QueueEmptyError,
-)
-from .groups import (
-    _abort_process_group,
-    _get_default_group,
-    _get_default_store,
-    _new_group_with_tag,
-    _rank_not_in_group,
-    abort_process_group,
-    destroy_process_group,
-    get_backend,
-    get_backend_config,
-    get_default_backend_for_device,
-    get_global_rank,
-    get_group_rank,
-    get_node_local_rank,
-    get_pg_count,
-    get_process_group_ranks,
-    get_rank,
-    get_world_size,
-    init_process_group,
-    is_available,
-    is_backend_available,
-    is_gloo_available,
-    is_initialized,
-    is_mpi_available,
-    is_nccl_available,
-    is_torchelastic_launched,
-    is_ucc_available,
-    is_xccl_available,
-    new_group,
-    new_subgroups,
-    new_subgroups_by_enumeration,
-    split_group,
-)
-from .nn import _DEFAULT_FIRST_BUCKET_BYTES, GradBucket, Reducer, _compute_bucket_assignment_by_size
-from .nn.comm_hooks import BuiltinCommHookType
-from .object_collectives import (
-    all_gather_object,
-    broadcast_object_list,
-    gather_object,
-    recv_object_list,
-    scatter_object_list,
-    send_object_list,
-)
-from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
-from .process_group import Backend, ProcessGroup, ProcessGroupGloo, _round_robin_process_groups
-from .rendezvous import register_rendezvous_handler
-from .store import FileStore, HashStore, PrefixStore, Store, TCPStore
-from .types import (
-    AllgatherOptions,
-    AllreduceCoalescedOptions,
-    AllreduceOptions,
-    AllToAllOptions,
-    BarrierOptions,
-    BroadcastOptions,
-    GatherOptions,
-    ReduceOp,
-    ReduceOptions,
-    ReduceScatterOptions,
-    ScatterOptions,
-    _make_premul_sum,
-)
-from .world import GroupMember, group
+import sys as _sys
+from typing import Any as _Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AllToAllOptions", "AllgatherOptions", "AllreduceCoalescedOptions", "AllreduceOptions", "Backend",
-    "BarrierOptions", "BroadcastOptions", "DeviceMesh", "GradBucket", "Reducer", "nn",
-    "_DEFAULT_FIRST_BUCKET_BYTES", "_compute_bucket_assignment_by_size", "device_mesh", "functional", "init_device_mesh", "DistBackendError", "DistError", "DistInputError", "DistNetworkError",
-    "DistStoreError", "DistTimeoutError", "FileStore", "GatherOptions", "GroupMember", "HashStore",
-    "P2POp", "PrefixStore", "ProcessGroup", "ProcessGroupGloo", "ReduceOp", "ReduceOptions",
-    "ReduceScatterOptions", "ScatterOptions", "Store", "TCPStore", "Work", "all_gather",
-    "all_gather_coalesced", "all_gather_into_tensor", "all_gather_object", "all_reduce",
-    "all_reduce_coalesced", "all_to_all", "all_to_all_single", "barrier", "batch_isend_irecv",
-    "abort_process_group", "_abort_process_group",
-    "broadcast", "broadcast_object_list", "destroy_process_group", "distributed_c10d", "gather",
-    "gather_object", "get_backend", "get_global_rank", "get_group_rank", "get_node_local_rank", "get_pg_count",
-    "get_process_group_ranks", "get_rank", "get_world_size", "group", "init_process_group",
-    "irecv", "is_available", "is_gloo_available", "is_initialized", "is_mpi_available",
-    "is_nccl_available", "is_torchelastic_launched", "is_ucc_available", "isend",
-    "monitored_barrier", "new_group", "new_subgroups", "new_subgroups_by_enumeration", "recv",
-    "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send",
-    "_all_gather_base", "_broadcast_coalesced", "_get_default_group", "_get_default_store",
-    "_make_premul_sum", "_new_group_with_tag", "_rank_not_in_group", "_reduce_scatter_base",
-    "_round_robin_process_groups", "constants", "default_pg_timeout", "reduce_op",
-    "all_gather_single", "reduce_scatter_single", "supports_complex", "get_backend_config",
-    "get_default_backend_for_device", "is_backend_available", "split_group", "send_object_list",
-    "recv_object_list", "register_rendezvous_handler", "QueueEmptyError", "BuiltinCommHookType",
-    "is_xccl_available",
-]
+
+def _launching_run() -> bool:
+    """True while ``python -m pyc10d.run`` imports this package as the launcher's parent.
+
+    The launcher itself needs nothing of the API, and the API imports torch: 2-2.5 s of CPU
+    per launcher on a 2-core machine, most of a launch of ranks that start no torch
+    themselves (or, with ``--start-method fork``, that the launcher preloads on purpose).
+    Python sets ``sys.argv[0]`` to ``"-m"`` while it locates the module to run."""
+    argv = getattr(_sys, "orig_argv", [])
+    return _sys.argv[:1] == ["-m"] and "-m" in argv and argv[argv.index("-m") + 1:][:1] == ["pyc10d.run"]
+
+
+_loading = False
+
+
+def _load_api() -> None:
+    """Bind every name of ``__all__`` here (idempotent)."""
+    global _loading
+    if _loading:
+        return
+    _loading = True
+    try:
+        import importlib
+
+        api = importlib.import_module(f"{__name__}._api")
+        globals().update({name: getattr(api, name) for name in api.__all__})
+        globals()["__all__"] = api.__all__
+    finally:
+        _loading = False
+
+
+def _is_submodule(name: str) -> bool:
+    import pkgutil
+
+    return any(m.name == name for m in pkgutil.iter_modules(_sys.modules[__name__].__path__))
+
+
+if _launching_run():
+
+    def __getattr__(name: str) -> _Any:  # the launcher's process: the API on first use
+        if name.startswith("__") or _loading or _is_submodule(name):
+            raise AttributeError(name)  # ``from . import x`` then imports the submodule x
+        _load_api()
+        try:
+            return globals()[name]
+        except KeyError:
+            raise AttributeError(f"module 'pyc10d' has no attribute {name!r}") from None
+
+else:
+    from ._api import *  # noqa: F403 - the API, re-exported
+    from ._api import __all__  # noqa: F401 - re-exported

@@ -228,6 +228,10 @@ def _raise_interrupted(signum: int, _frame: FrameType | None) -> None:
 def launch(args: argparse.Namespace) -> int:
     """Start the ranks, watch them, and return the launcher's exit code."""
     preexec = _die_with_parent()
+    if args.start_method == "fork":
+        from .run_fork import preload
+
+        preload()
     procs: list[Rank] = []
     old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -71,6 +71,14 @@ class ForkedRank:
         self.send_signal(signal.SIGKILL)
 
 
+def preload() -> None:
+    """Import what the ranks will: torch and pyc10d's API (``python -m pyc10d.run`` leaves the
+    API out of its own process until asked: ``pyc10d._launching_run``)."""
+    import pyc10d
+
+    pyc10d._load_api()
+
+
 def start(target: Sequence[str], module: bool, env: dict[str, str],
           preexec: Callable[[], None] | None) -> ForkedRank:
     """Fork a rank that runs ``target`` (``[script, *args]`` or ``[module, *args]``)."""

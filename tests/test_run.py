@@ -359,3 +359,17 @@ def test_fork_start_forwards_sigint(tmp_path: Path) -> None:
     assert launcher.returncode == 128 + signal.SIGINT, err
     assert "KeyboardInterrupt" in err
     assert not any(_alive(pid) for pid in pids.values())
+
+
+@pytest.mark.timeout(60)
+def test_the_launcher_itself_does_not_import_torch(tmp_path: Path) -> None:
+    """``python -m pyc10d.run`` (exec start) leaves torch out of its own process: the rank
+    looks at its parent's memory map (the launcher's) and at its own modules."""
+    script = _write(tmp_path / "look.py", """
+        import os, sys
+        maps = open(f"/proc/{os.getppid()}/maps").read()
+        open(sys.argv[1], "w").write(f"{'libtorch' in maps} {'torch' in sys.modules}")
+    """)
+    res = _launch(["--nproc-per-node", "1", str(script), str(tmp_path / "seen")])
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "seen").read_text() == "False False"
