@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pyc10d.bench import tp
+from pyc10d.bench.launch import free_port
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -84,6 +85,7 @@ def test_each_kind_of_implementation_decodes_and_is_checked(tmp_path: Path) -> N
 def test_the_example_decodes_right() -> None:
     root = Path(__file__).resolve().parents[1]
     cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "2", "--start-method", "fork",
+           "--master-port", str(free_port()),
            str(root / "examples" / "tp_inference.py"),
            "--dim", "128", "--layers", "2", "--tokens", "4"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=100, cwd=root)

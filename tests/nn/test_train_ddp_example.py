@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from pyc10d.bench.launch import free_port
+
 pytestmark = [pytest.mark.timeout(60), pytest.mark.interpreters]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("backend", ["gloo", "shm"])
 def test_example_trains(backend: str) -> None:
     cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "2", "--start-method", "fork",
+           "--master-port", str(free_port()),
            str(ROOT / "examples" / "train_ddp.py"),
            "--steps", "12", "--context", "32", "--backend", backend]
     env = dict(os.environ, OMP_NUM_THREADS="1")
