@@ -6,7 +6,8 @@
 #               (installs Debian's openmpi-bin first when mpirun is missing; needs root)
 #   make bench  benchmarks vs torch.distributed's gloo (BENCH_ARGS="..." passes options),
 #               then functional vs in-place collectives (python -m pyc10d.bench.funcol)
-#               and the per-call cost at world size 1 (python -m pyc10d.bench.percall)
+#               and the per-call cost at world size 1 (python -m pyc10d.bench.percall),
+#               then the floor under an 8 B all_reduce and each layer above it (bench.floor)
 #   make fuzz   100,000 malformed frames at a live TCPStore server and 100,000 garbage
 #               handshakes at the tcp transport's listener (and bad frames from its peers)
 #               while good clients keep working; prints frames, time and peak memory;
@@ -75,6 +76,7 @@ bench: $(STAMP)
 	$(PY) -m pyc10d.bench $(BENCH_ARGS)
 	$(PY) -m pyc10d.bench.funcol
 	$(PY) -m pyc10d.bench.percall
+	$(PY) -m pyc10d.bench.floor
 
 chaos: $(STAMP)
 	$(PY) tests/chaos.py --trials 500
