@@ -18,15 +18,20 @@ from typing import Any as _Any
 __version__ = "0.1.0"
 
 
-def _launching_run() -> bool:
-    """True while ``python -m pyc10d.run`` imports this package as the launcher's parent.
+#: Modules run with ``python -m`` that need nothing of the API: the launcher, and the Open MPI
+#: benchmark's ranks (numpy and mpi4py only).
+_LIGHT_MAINS = ("pyc10d.run", "pyc10d.bench.mpi_worker")
 
-    The launcher itself needs nothing of the API, and the API imports torch: 2-2.5 s of CPU
-    per launcher on a 2-core machine, most of a launch of ranks that start no torch
-    themselves (or, with ``--start-method fork``, that the launcher preloads on purpose).
-    Python sets ``sys.argv[0]`` to ``"-m"`` while it locates the module to run."""
+
+def _launching_light_main() -> bool:
+    """True while ``python -m <one of _LIGHT_MAINS>`` imports this package as its parent.
+
+    Those processes need nothing of the API, and the API imports torch: 2-2.5 s of CPU per
+    process on a 2-core machine, most of a launch of ranks that start no torch themselves (or,
+    with ``--start-method fork``, that the launcher preloads on purpose). Python sets
+    ``sys.argv[0]`` to ``"-m"`` while it locates the module to run."""
     argv = getattr(_sys, "orig_argv", [])
-    return _sys.argv[:1] == ["-m"] and "-m" in argv and argv[argv.index("-m") + 1:][:1] == ["pyc10d.run"]
+    return _sys.argv[:1] == ["-m"] and "-m" in argv and argv[argv.index("-m") + 1:][:1] in ([m] for m in _LIGHT_MAINS)
 
 
 _loading = False
@@ -54,9 +59,9 @@ def _is_submodule(name: str) -> bool:
     return any(m.name == name for m in pkgutil.iter_modules(_sys.modules[__name__].__path__))
 
 
-if _launching_run():
+if _launching_light_main():
 
-    def __getattr__(name: str) -> _Any:  # the launcher's process: the API on first use
+    def __getattr__(name: str) -> _Any:  # such a process: the API on first use
         if name.startswith("__") or _loading or _is_submodule(name):
             raise AttributeError(name)  # ``from . import x`` then imports the submodule x
         _load_api()

@@ -73,7 +73,7 @@ class ForkedRank:
 
 def preload() -> None:
     """Import what the ranks will: torch and pyc10d's API (``python -m pyc10d.run`` leaves the
-    API out of its own process until asked: ``pyc10d._launching_run``)."""
+    API out of its own process until asked: ``pyc10d._launching_light_main``)."""
     import pyc10d
 
     pyc10d._load_api()

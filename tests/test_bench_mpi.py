@@ -57,3 +57,14 @@ def test_the_driver_prints_mpi_ratios(tmp_path: Path) -> None:
     assert "pyc10d-threaded t/mpi" in res.stdout, res.stdout
     recs = json.loads((tmp_path / "latest.json").read_text())
     assert {r["backend"] for r in recs if r.get("kind") == "collective"} == {"pyc10d-threaded", "mpi"}
+
+
+def test_an_mpi_rank_does_not_import_torch() -> None:
+    """``python -m pyc10d.bench.mpi_worker`` needs numpy and mpi4py only: the pyc10d package
+    leaves its API (and torch, 2-2.5 s of CPU a rank) out of such a process."""
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "pyc10d.bench.mpi_worker", "--help"],
+                         capture_output=True, text=True, timeout=60, env=ENV)
+    assert res.returncode == 0, res.stderr[-2000:]
+    imported = [line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")]
+    assert "numpy" in imported and "pyc10d.bench.metrics" in imported, imported[-20:]
+    assert not [m for m in imported if m == "torch" or m.startswith("torch.")], "torch was imported"
