@@ -181,21 +181,29 @@ def test_ranks_ignoring_sigterm_get_killed(tmp_path: Path) -> None:
     assert not any(_alive(pid) for pid in _pids(tmp_path, 2).values())
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_to_launcher_is_forwarded(tmp_path: Path, sig: signal.Signals) -> None:
+def _sleeping_job(tmp_path: Path, *flags: str) -> subprocess.Popen[str]:
+    """A launcher (``flags`` added) with 2 ranks that sleep, once both have recorded their pid."""
     script = _write(tmp_path / "fail.py", FAIL_ONE.format())
     # fail = -1: nobody fails, every rank sleeps.
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "2", str(script),
+        [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "2", *flags, str(script),
          str(tmp_path), "-1", "exit", "2"],
         env=_env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.glob("pid_[0-9]"))) < 2:
+        if time.monotonic() > deadline or launcher.poll() is not None:
+            launcher.kill()
+            _, err = launcher.communicate()
+            pytest.fail(f"ranks never started: {err[-2000:]}")
+        time.sleep(0.05)
+    return launcher
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_launcher_is_forwarded(tmp_path: Path, sig: signal.Signals) -> None:
+    launcher = _sleeping_job(tmp_path)
     try:
-        deadline = time.monotonic() + 30
-        while len(list(tmp_path.glob("pid_[0-9]"))) < 2:
-            assert time.monotonic() < deadline, "ranks never started"
-            assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
-            time.sleep(0.05)
         launcher.send_signal(sig)
         _, err = launcher.communicate(timeout=30)
     finally:
@@ -338,16 +346,8 @@ def test_fork_start_module_and_failures(tmp_path: Path) -> None:
 def test_fork_start_forwards_sigint(tmp_path: Path) -> None:
     """Ctrl-C to the launcher: forked ranks get KeyboardInterrupt and die of SIGINT, as a
     fresh interpreter would; the launcher exits 128 + SIGINT."""
-    script = _write(tmp_path / "fail.py", FAIL_ONE.format())
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "2", "--start-method", "fork", str(script),
-         str(tmp_path), "-1", "exit", "2"], env=_env(), stderr=subprocess.PIPE, text=True)
+    launcher = _sleeping_job(tmp_path, "--start-method", "fork")
     try:
-        deadline = time.monotonic() + 30
-        while len(list(tmp_path.glob("pid_[0-9]"))) < 2:
-            assert time.monotonic() < deadline, "ranks never started"
-            assert launcher.poll() is None, launcher.stderr.read() if launcher.stderr else ""
-            time.sleep(0.05)
         pids = _pids(tmp_path, 2)
         assert all(int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]) == launcher.pid
                    for pid in pids.values())  # children of the launcher itself
