@@ -31,7 +31,6 @@ used here only as the reference implementation.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
 import sys
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.launch import keep_fastest, run_worker
+from pyc10d.bench.report import write_result
 from pyc10d.bench.timing import back_to_back
 
 IMPLS = ["pyc10d-shm", "pyc10d-tcp", "torch-pyc10d_shm", "torch-gloo"]
@@ -256,12 +256,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['comm_ms']:>10.1f}{r['hidden']:>8.0%}{ratio:>8.2f}x")
     for f in failures:
         print("FAILED", f)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = out / f"ddp-{stamp}.json"
-    path.write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k not in ("worker", "impl")},
-                                "records": records, "failures": failures}, indent=1))
+    path = write_result(args.out, "ddp", {"args": {k: v for k, v in vars(args).items() if k not in ("worker", "impl")},
+                                        "records": records, "failures": failures})
     print(f"wrote {path}")
     return 1 if failures else 0
 

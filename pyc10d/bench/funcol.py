@@ -24,7 +24,6 @@ Prints a table and writes ``<out>/funcol-<time>.json``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
 import sys
@@ -34,6 +33,7 @@ from typing import Any
 
 from pyc10d.bench import metrics
 from pyc10d.bench.launch import run_worker
+from pyc10d.bench.report import write_result
 from pyc10d.bench.timing import back_to_back
 
 
@@ -229,9 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             records += res
     _print(records)
     failed = failed or not all(r["correct"] for r in records)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"funcol-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(records, indent=1))
+    path = write_result(args.out, "funcol", records)
     print(f"\nwrote {path}")
     return 1 if failed else 0
 

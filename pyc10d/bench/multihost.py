@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.metrics import MIB, format_size, parse_size
+from pyc10d.bench.report import write_result
 from pyc10d.bench.timing import back_to_back
 
 PORT = 29400
@@ -155,10 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         "chosen": {b: rs[0]["backend"] for b, rs in runs.items()},
         "runs": runs, "best": best,
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"multihost-{datetime.datetime.now():%Y%m%d-%H%M%S}.json"
-    path.write_text(json.dumps(record, indent=1))
+    path = write_result(args.out, "multihost", record)
     link = shaping["delay_ms"] and f"{shaping['delay_ms']} ms delay" or shaping["rate"] or "unshaped"
     print(f"all_reduce, {args.hosts} hosts x {args.ranks_per_host} ranks, links: {link}; "
           f"auto chose {record['chosen']['auto']}")

@@ -27,7 +27,6 @@ profiler module is swapped for a counting one for 100 calls) times the cost of o
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.launch import run_worker
+from pyc10d.bench.report import write_result
 from pyc10d.bench.timing import back_to_back
 
 TARGET = {8: 0.05, 64 << 20: 0.01}
@@ -191,10 +191,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{h['profiler_read_ns']:.0f} ns = {cost_us:.3f} us, {share} (target {100 * PROFILER_TARGET:.0f}%)")
     for line in bad:
         print("problem:", line)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    path = Path(args.out) / f"overhead-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"world_size": args.world_size, "rows": rows, "profiler_hooks": hooks,
-                                "problems": bad}, indent=1))
+    path = write_result(args.out, "overhead", {"world_size": args.world_size, "rows": rows, "profiler_hooks": hooks,
+                                             "problems": bad})
     print(f"wrote {path}")
     return 1 if bad else 0
 

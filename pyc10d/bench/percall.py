@@ -15,13 +15,13 @@ by exactly the number of calls made), reported as ``all_counted``.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from pyc10d.bench.report import write_result
 
 TARGET_US = 8.0
 OPS = ("all_reduce", "broadcast", "barrier")
@@ -100,9 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{backend:>11} " + " ".join(f"{c:>22}" for c in cells))
     worst = max(r["median_us"] for r in rows if r["backend"] != "torch gloo")
     print(f"target: at most {TARGET_US:.0f} us per call on pyc10d; slowest: {worst:.2f} us")
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"percall-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"target_us": TARGET_US, "rows": rows}, indent=1))
+    path = write_result(args.out, "percall", {"target_us": TARGET_US, "rows": rows})
     print(f"wrote {path}")
     bad = [f"{r['backend']} {r['op']}: {r['counted']} of {r['calls']} calls counted"
            for r in rows if not r["all_counted"]]

@@ -8,6 +8,7 @@ run; ``kind == "failure"`` notes a job that gave no results.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -168,3 +169,13 @@ def plot(records: Sequence[Record], path: Path) -> bool:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return True
+
+
+def write_result(out: str | Path, name: str, payload: Any) -> Path:
+    """Write ``payload`` to ``<out>/<name>-<YYYYmmdd-HHMMSS>.json``, creating ``out``; the path.
+    Every benchmark names its results this way (tests and the README find them by the prefix)."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}.json"
+    path.write_text(json.dumps(payload, indent=1))
+    return path

@@ -17,7 +17,6 @@ reported. Writes ``<out>/startup-<time>.json``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.launch import run_worker
+from pyc10d.bench.report import write_result
 
 BACKENDS = ("pyc10d-tcp", "gloo")
 
@@ -110,10 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {backend} | {m['init_s']:.3f} | {m['first_all_reduce_s']:.3f} | {m['span_s']:.3f} |")
     for line in problems:
         print("problem:", line)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    path = Path(args.out) / f"startup-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"world_size": args.world_size, "medians": medians, "runs": runs,
-                                "problems": problems}, indent=1))
+    path = write_result(args.out, "startup", {"world_size": args.world_size, "medians": medians, "runs": runs,
+                                            "problems": problems})
     print(f"wrote {path}")
     return 1 if problems else 0
 

@@ -24,7 +24,6 @@ Prints a table and writes ``<out>/symm_mem-<time>.json``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.launch import run_worker
+from pyc10d.bench.report import write_result
 from pyc10d.bench.timing import back_to_back
 
 Body = Callable[[int], Any]
@@ -264,11 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(_table(records, args)))
     for f in failures:
         print("FAILED", f)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"symm_mem-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k not in ("worker", "impl")},
-                                "records": records, "failures": failures}, indent=1))
+    path = write_result(args.out, "symm_mem", {"args": {k: v for k, v in vars(args).items() if k not in ("worker", "impl")},
+                                             "records": records, "failures": failures})
     print(f"wrote {path}")
     return 1 if failures else 0
 

@@ -24,7 +24,6 @@ layer's update out, far outside it.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
 import subprocess
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.launch import keep_fastest, run_worker
+from pyc10d.bench.report import write_result
 from pyc10d.bench.timing import back_to_back
 
 IMPLS = ["single", "pyc10d-shm", "torch-pyc10d_shm", "torch-gloo", "dtensor-pyc10d_shm", "dtensor-gloo"]
@@ -227,11 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{impl:<20}{r['ms_per_token']:>10.3f}{ratio:>11}  {', '.join(f'{t:.3f}' for t in r['round_ms']):>22}")
     for f in failures:
         print("FAILED", f)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"tp-{datetime.datetime.now():%Y%m%d-%H%M%S}.json"
-    path.write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k not in ("worker", "impl")},
-                                "records": list(best.values()), "failures": failures}, indent=1))
+    path = write_result(args.out, "tp", {"args": {k: v for k, v in vars(args).items() if k not in ("worker", "impl")},
+                                       "records": list(best.values()), "failures": failures})
     print(f"wrote {path}")
     return 1 if failures else 0
 
