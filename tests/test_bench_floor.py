@@ -10,16 +10,17 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_every_layer_runs_checked() -> None:
-    records = floor.measure(list(floor.LAYERS), k=40, loops=2)
-    assert [r["layer"] for r in records] == list(floor.LAYERS)
+    records = floor.measure(list(floor.LAYERS + floor.PEERS), k=40, loops=2)
+    assert [r["layer"] for r in records] == list(floor.LAYERS + floor.PEERS)
     for r in records:
         assert r["correct"], r
         assert r["us"] > 0 and len(r["loops_us"]) == 2 and r["ops_per_loop"] == 40
     assert records[0]["x_floor"] == 1.0 and records[0]["adds_us"] is None
-    assert all(r["adds_us"] is not None for r in records[1:])
+    assert all(r["adds_us"] is not None for r in records[1:len(floor.LAYERS)])
+    assert records[-1]["adds_us"] is None and records[-1]["x_floor"] > 0  # the peer is beside, not above
 
 
-@pytest.mark.parametrize("layer", floor.LAYERS)
+@pytest.mark.parametrize("layer", floor.LAYERS + floor.PEERS)
 def test_the_check_fails_when_one_op_does_nothing(layer: str) -> None:
     """Op 7 of the first timed loop does nothing on rank 0 (an exchange layer: no write, no
     wait; an all_reduce layer: reduces a clone, so the ranks stay in step)."""

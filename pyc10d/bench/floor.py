@@ -18,7 +18,9 @@ layer:
     ``torch.distributed.all_reduce`` on backend ``pyc10d_shm`` (torch's dispatcher, then
     pyc10d's engine).
 
-Each layer's figure minus the one below it is what that layer adds. Every op's result is
+and, beside them, the peer ``gloo`` (``torch.distributed`` on Gloo, same processes, same
+loop). Each layer's figure minus the one below it is what that layer adds. Open MPI is not
+here: its ranks must be mpirun's (``python -m pyc10d.bench --peer mpi`` has it). Every op's result is
 checked (outputs poisoned with NaN, inputs different per op); a figure with a wrong result is
 marked. Busy-waiting is right only with a core per rank: run it on a machine with two free
 cores. Writes ``<out>/floor-<time>.json`` and a bar chart beside it (with matplotlib).
@@ -27,8 +29,6 @@ cores. Writes ``<out>/floor-<time>.json`` and a bar chart beside it (with matplo
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import mmap
 import multiprocessing
 import os
@@ -39,7 +39,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pyc10d.bench.report import write_result
+
 LAYERS = ("mmap_flag", "mmap_torch", "pyc10d_shm", "plugin_shm")
+#: Timed the same way beside the layers, not one of them.
+PEERS = ("gloo",)
 _LINE = 8  # 64-byte cache lines, in 8-byte words
 _SEQ = 0  # word of rank r's sequence number: _SEQ + r * _LINE
 _VAL = 4 * _LINE  # word of parity q's, rank r's value: _VAL + (2 * q + r) * _LINE
@@ -125,10 +129,11 @@ def _rank(rank: int, mm: mmap.mmap, tmp: str, layers: list[str], k: int, loops: 
                 for loop in range(loops + 1):  # loop 0 warms up, unreported
                     _flag_loop(words, rank, 1, seq, -1)  # both ranks start the loop together
                     seq += 1
+                    skip_at = seq + bad if loop == 1 and bad >= 0 else -1
                     if layer == "mmap_flag":
-                        rows.append(_flag_loop(words, rank, k, seq, bad + seq if loop == 1 and bad >= 0 else -1))
+                        rows.append(_flag_loop(words, rank, k, seq, skip_at))
                     else:
-                        rows.append(_torch_loop(mm, words, rank, k, seq, bad + seq if loop == 1 and bad >= 0 else -1))
+                        rows.append(_torch_loop(mm, words, rank, k, seq, skip_at))
                     seq += k
             else:
                 dist = _join(layer, rank, tmp)
@@ -157,7 +162,8 @@ def _join(layer: str, rank: int, tmp: str) -> Any:
 
     import pyc10d.torch_backend  # noqa: F401 - registers the pyc10d_* backends with torch
 
-    tdist.init_process_group("pyc10d_shm", store=tdist.FileStore(os.path.join(tmp, "store-plugin"), 2), rank=rank,
+    backend = "gloo" if layer == "gloo" else "pyc10d_shm"
+    tdist.init_process_group(backend, store=tdist.FileStore(os.path.join(tmp, f"store-{layer}"), 2), rank=rank,
                              world_size=2)
     return tdist
 
@@ -201,8 +207,9 @@ def measure(layers: list[str], k: int, loops: int, skip: tuple[str, int] | None 
     below = None
     for rec in records:
         rec["x_floor"] = rec["us"] / floor if floor else None
-        rec["adds_us"] = rec["us"] - below if below is not None else None
-        below = rec["us"]
+        rec["adds_us"] = rec["us"] - below if below is not None and rec["layer"] in LAYERS else None
+        if rec["layer"] in LAYERS:
+            below = rec["us"]
     return records
 
 
@@ -228,15 +235,16 @@ def _plot(records: list[dict[str, Any]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pyc10d.bench.floor", description=__doc__.split("\n")[0])
-    p.add_argument("--layers", default=",".join(LAYERS), help=f"comma-separated, of {', '.join(LAYERS)}")
+    p.add_argument("--layers", default=",".join(LAYERS + PEERS),
+                   help=f"comma-separated, of {', '.join(LAYERS + PEERS)}")
     p.add_argument("--iters", type=int, default=5000, help="ops per timed loop (default 5000)")
     p.add_argument("--loops", type=int, default=5, help="timed loops per layer (default 5)")
     p.add_argument("--out", default="benchmarks/results", help="directory for the JSON and PNG")
     args = p.parse_args(argv)
     layers = args.layers.split(",")
-    unknown = sorted(set(layers) - set(LAYERS))
+    unknown = sorted(set(layers) - set(LAYERS + PEERS))
     if unknown:
-        p.error(f"unknown layer(s) {unknown}; choose from {', '.join(LAYERS)}")
+        p.error(f"unknown layer(s) {unknown}; choose from {', '.join(LAYERS + PEERS)}")
     records = measure(layers, args.iters, args.loops)
     print(f"{'layer':<12} {'us/op':>8} {'adds us':>8} {'x floor':>8}  loops (us)")
     for r in records:
@@ -245,13 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         flag = "" if r["correct"] else f"  WRONG ({r['wrong']} ops)"
         print(f"{r['layer']:<12} {r['us']:8.2f} {adds:>8} {ratio:>8}  "
               f"{' '.join(f'{x:.2f}' for x in r['loops_us'])}{flag}")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    meta = {"time": stamp, "cpus": os.cpu_count(), "python": sys.version.split()[0], "ops_per_loop": args.iters,
+    meta = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "ops_per_loop": args.iters,
             "loops": args.loops, "load_avg": os.getloadavg()}
-    path = out / f"floor-{stamp}.json"
-    path.write_text(json.dumps({"meta": meta, "records": records}, indent=1))
+    path = write_result(args.out, "floor", {"meta": meta, "records": records})
     _plot(records, path.with_suffix(".png"))
     print(f"wrote {path}")
     return 0 if all(r["correct"] for r in records) else 1
