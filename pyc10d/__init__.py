@@ -31,7 +31,10 @@ def _launching_light_main() -> bool:
     with ``--start-method fork``, that the launcher preloads on purpose). Python sets
     ``sys.argv[0]`` to ``"-m"`` while it locates the module to run."""
     argv = getattr(_sys, "orig_argv", [])
-    return _sys.argv[:1] == ["-m"] and "-m" in argv and argv[argv.index("-m") + 1:][:1] in ([m] for m in _LIGHT_MAINS)
+    if _sys.argv[:1] != ["-m"] or "-m" not in argv:
+        return False
+    after = argv.index("-m") + 1
+    return after < len(argv) and argv[after] in _LIGHT_MAINS
 
 
 _loading = False
