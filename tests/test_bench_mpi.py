@@ -17,7 +17,7 @@ import pytest
 
 from pyc10d.bench.__main__ import mpirun
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.interpreters]
+pytestmark = [pytest.mark.timeout(55), pytest.mark.interpreters]
 HERE = Path(__file__).resolve().parent
 OPS = "all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single,reduce"
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -27,7 +27,7 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 def _ranks(script: list[str], out: Path, n: int = 2) -> list[dict]:
     cmd = [mpirun(), "--oversubscribe", "-np", str(n), sys.executable, *script,
            "--ops", OPS, "--sizes", "8,4096", "--iters", "10", "--out", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=100, env=ENV)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=50, env=ENV)
     assert res.returncode == 0, res.stdout + res.stderr
     return json.loads(out.read_text())
 
@@ -52,7 +52,7 @@ def test_the_driver_prints_mpi_ratios(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "pyc10d.bench", "--backends", "pyc10d-threaded", "--peer", "mpi",
            "--ops", "all_reduce", "--world-sizes", "2", "--max-bytes", "32", "--iters", "4",
            "--rounds", "1", "--out", str(tmp_path)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=100, env=ENV)
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=50, env=ENV)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "pyc10d-threaded t/mpi" in res.stdout, res.stdout
     recs = json.loads((tmp_path / "latest.json").read_text())
@@ -63,7 +63,7 @@ def test_an_mpi_rank_does_not_import_torch() -> None:
     """``python -m pyc10d.bench.mpi_worker`` needs numpy and mpi4py only: the pyc10d package
     leaves its API (and torch, 2-2.5 s of CPU a rank) out of such a process."""
     res = subprocess.run([sys.executable, "-X", "importtime", "-m", "pyc10d.bench.mpi_worker", "--help"],
-                         capture_output=True, text=True, timeout=60, env=ENV)
+                         capture_output=True, text=True, timeout=50, env=ENV)
     assert res.returncode == 0, res.stderr[-2000:]
     imported = [line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")]
     assert "numpy" in imported and "pyc10d.bench.metrics" in imported, imported[-20:]
