@@ -6,7 +6,7 @@ import pytest
 
 from pyc10d.bench import floor
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(30)
 
 
 def test_every_layer_runs_checked() -> None:
