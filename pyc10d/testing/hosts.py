@@ -32,6 +32,8 @@ import subprocess
 from collections.abc import Sequence
 from typing import Any
 
+from ..run import _die_with_parent
+
 SUBNET = "10.213.0"
 _COUNTER = itertools.count()
 # Inside the new namespaces: a private /dev/shm and the host's name, then the command.
@@ -40,7 +42,6 @@ _ENTER = 'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname "$0" && exec "$
 
 _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWPID, _CLONE_NEWNET = 0x20000, 0x4000000, 0x20000000, 0x40000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
-_PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -137,7 +138,7 @@ class Host:
         pid = os.fork()
         if pid:
             _mirror(pid)
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _die_with_parent()()  # type: ignore[misc] - Linux, where the hook exists
         _sys("mount", None, b"/", None, _MS_REC | _MS_PRIVATE, None)  # nothing leaks to the machine
         _sys("mount", b"tmpfs", b"/dev/shm", b"tmpfs", 0, b"mode=1777")
         _sys("mount", b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
