@@ -108,6 +108,8 @@ class ProcessGroup:
         """``ProcessGroup(rank, size)`` or ``(store, rank, size)`` as torch; pyc10d passes ``engine=``."""
         rank, size = int(args[-2]), int(args[-1])
         self._engine = engine
+        # The engine's lean lane for a synchronous all_reduce, if it has one (``backends.lane``).
+        self._lean_allreduce = getattr(engine, "lean_allreduce", None)
         self._rank = rank
         self._size = size
         self._group_name = group_name

@@ -15,7 +15,7 @@ from .allgather_ring import allgather_ring
 from .allgather_shm_chunked import allgather_shm_chunked
 from .allreduce_direct import allreduce_direct
 from .allreduce_ring import allreduce_ring
-from .allreduce_shm_flat import allreduce_shm_flat
+from .allreduce_shm_flat import allreduce_shm_flat, allreduce_shm_flat_step
 from .allreduce_shm_rsag import allreduce_shm_rsag
 from .alltoall_pairwise import alltoall_pairwise
 from .alltoall_shm_chunked import alltoall_shm_chunked
@@ -104,6 +104,6 @@ __all__ = [
     "broadcast_scatter_allgather",
     "gather_direct", "reduce_direct", "reduce_ring", "reduce_scatter_direct",
     "reduce_scatter_ring", "scatter_direct", "ShmComm", "select_shm", "allgather_shm_chunked",
-    "allreduce_shm_flat", "allreduce_shm_rsag", "alltoall_shm_chunked", "barrier_shm_counter",
+    "allreduce_shm_flat", "allreduce_shm_flat_step", "allreduce_shm_rsag", "alltoall_shm_chunked", "barrier_shm_counter",
     "broadcast_shm_chunked", "reduce_scatter_shm_chunked",
 ]

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ..types import ReduceOp
-from .shm_comm import ShmComm, nbytes_of, reduce_many
+from ..types import RedOpType, ReduceOp
+from .reduce_ops import kernel
+from .shm_comm import ShmComm, descriptor_head, disagreement, nbytes_of, reduce_many
 
 
 def allreduce_shm_flat(comm: ShmComm, t: torch.Tensor, op: ReduceOp, root: int | None = None,
@@ -24,3 +25,45 @@ def allreduce_shm_flat(comm: ShmComm, t: torch.Tensor, op: ReduceOp, root: int |
     comm.wait_all(c)
     if root is None or comm.rank == root:
         reduce_many(t, rows, op)
+
+
+def allreduce_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype, shape: torch.Size):  # noqa: ANN201
+    """``allreduce_shm_flat`` of every tensor of ``dtype`` and ``shape`` with ``op``, made once.
+
+    The same phase, descriptor, copy and reduction in the same order as the function above
+    (a rank running it and a rank running that one exchange correctly), with what they
+    compute per call computed here: the descriptor word, the slot rows of both parities, the
+    kernel, whether AVG divides. The lean lane (``backends/lane.py``) runs it as
+    ``step(t, deadline, timeout)``; it reaches the arena directly, one operation at a time.
+    """
+    arena = comm.arena
+    rank, n = arena.rank, arena.size
+    numel = shape.numel()
+    nbytes = numel * dtype.itemsize
+    head = descriptor_head("allreduce", dtype, op)
+    rows = (arena.rows(0, dtype, numel), arena.rows(1, dtype, numel))
+    fn = kernel(op, dtype)
+    avg = op.op is RedOpType.AVG
+    reshape = len(shape) != 1
+
+    def step(t: torch.Tensor, deadline: float, timeout: float) -> None:
+        arena.timeout = timeout
+        c = arena.phase + 1
+        if arena.known < c - 1:
+            arena.wait_all(c - 1, deadline, "allreduce")
+        arena.set_descriptor(c, head, nbytes)
+        r = rows[c & 1]
+        out = t.view(-1) if reshape else t
+        r[rank].copy_(out)
+        arena.post(c)
+        arena.wait_all(c, deadline, "allreduce")
+        p = arena.disagreeing(c, True)
+        if p >= 0:
+            raise disagreement(arena, p, c, "allreduce")
+        fn(r[0], r[1], out=out)
+        for x in r[2:]:
+            fn(out, x, out=out)
+        if avg:
+            out.div_(n)
+
+    return step

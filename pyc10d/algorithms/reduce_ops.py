@@ -23,12 +23,17 @@ _KERNELS = {
 }
 
 
-def reduce_pair(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: ReduceOp) -> None:
-    """``out = a (op) b`` elementwise; ``out`` may be ``a``."""
+def kernel(op: ReduceOp, dtype: torch.dtype):  # noqa: ANN201 - a torch function
+    """The function ``f(a, b, out=out)`` computing ``out = a (op) b`` for ``dtype``."""
     kernels = _KERNELS.get(op.op)
     if kernels is None:
         raise ValueError(f"unsupported reduction operation {op!r}")
-    kernels[out.dtype is torch.bool](a, b, out=out)
+    return kernels[dtype is torch.bool]
+
+
+def reduce_pair(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, op: ReduceOp) -> None:
+    """``out = a (op) b`` elementwise; ``out`` may be ``a``."""
+    kernel(op, out.dtype)(a, b, out=out)
 
 
 def reduce_into(acc: torch.Tensor, other: torch.Tensor, op: ReduceOp) -> None:

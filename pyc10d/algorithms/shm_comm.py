@@ -60,13 +60,7 @@ class ShmComm:
         reduce op and root are compared).
         """
         c = self.arena.next_phase(self.deadline, self.op)
-        key = (collective, dtype, red.op if red is not None else None, root)
-        head = _HEADS.get(key)
-        if head is None:
-            code = 0 if dtype is None else dtype_code(dtype)
-            red_code = 0 if red is None else red.op.value + 1
-            head = _HEADS[key] = OPCODES[collective] | (code << 8) | (red_code << 16) | (root << 32)
-        self.arena.set_descriptor(c, head, nbytes)
+        self.arena.set_descriptor(c, descriptor_head(collective, dtype, red, root), nbytes)
         self._check, self._exact = c, exact
         return c
 
@@ -103,14 +97,29 @@ class ShmComm:
 
     def _verify(self, c: int) -> None:
         self._check = None
-        a = self.arena
-        p = a.disagreeing(c, self._exact)
+        p = self.arena.disagreeing(c, self._exact)
         if p >= 0:
-            raise DistBackendError(
-                f"{self.op}: rank {a.members[p]} called {_describe(a.descriptor(p, c))}, rank "
-                f"{a.members[a.rank]} called {_describe(a.descriptor(a.rank, c))} (collective, "
-                f"reduce op, root, shape or dtype differs between ranks)"
-            )
+            raise disagreement(self.arena, p, c, self.op)
+
+
+def descriptor_head(collective: str, dtype: torch.dtype | None, red: ReduceOp | None = None, root: int = 0) -> int:
+    """The first word of an operation's descriptor (see ``_describe``), cached."""
+    key = (collective, dtype, red.op if red is not None else None, root)
+    head = _HEADS.get(key)
+    if head is None:
+        code = 0 if dtype is None else dtype_code(dtype)
+        red_code = 0 if red is None else red.op.value + 1
+        head = _HEADS[key] = OPCODES[collective] | (code << 8) | (red_code << 16) | (root << 32)
+    return head
+
+
+def disagreement(arena: Arena, p: int, c: int, op: str) -> DistBackendError:
+    """The error of rank ``p``'s descriptor of phase ``c`` differing from this rank's."""
+    return DistBackendError(
+        f"{op}: rank {arena.members[p]} called {_describe(arena.descriptor(p, c))}, rank "
+        f"{arena.members[arena.rank]} called {_describe(arena.descriptor(arena.rank, c))} (collective, "
+        f"reduce op, root, shape or dtype differs between ranks)"
+    )
 
 
 def _describe(d: tuple[int, int]) -> str:

@@ -395,10 +395,7 @@ class Engine:
             else:
                 fn(comm)
         except BaseException as e:  # noqa: BLE001 - handed to the waiter
-            if log is not None:  # before the dump, which it is part of
-                log.ended[work.seq & log.mask] = -_now()
-            error = self._with_trace(self._explain_failure(self._annotate(e, work), work))
-            self._fail_group(error, None if isinstance(error, DistError) else self._cause(error, work))
+            error = self._failed(e, work)
         finally:
             self._running_op = None
             if error is None and log is not None:
@@ -406,6 +403,17 @@ class Engine:
             self._completed = (work.seq, work.opname)
             with self._lock:
                 self._pending -= 1
+        return error
+
+    def _failed(self, e: BaseException, work: Work) -> BaseException:
+        """What ``work`` failing with ``e`` means for the group (every path that runs an
+        operation ends here): its end marked failed in the flight recorder, the error named,
+        explained and dumped, the group aborted. Returns the error to hand the caller."""
+        log = self.recorder
+        if log is not None:  # before the dump, which it is part of
+            log.ended[work.seq & log.mask] = -_now()
+        error = self._with_trace(self._explain_failure(self._annotate(e, work), work))
+        self._fail_group(error, None if isinstance(error, DistError) else self._cause(error, work))
         return error
 
     def _annotate(self, error: BaseException, work: Work) -> BaseException:

@@ -27,7 +27,7 @@ import torch
 
 from .. import algorithms as algo
 from ..algorithms.reduce_ops import finish, premultiply
-from ..errors import DistBackendError
+from ..errors import DistBackendError, DistInputError
 from ..store.base import Store
 from ..transport import futex
 from ..transport.shm import ShmTransport
@@ -35,6 +35,7 @@ from ..transport.shm_arena import Arena
 from ..transport.shm_segment import Segment, new_name
 from ..transport.shm_segment import available as shm_dir_available
 from ..types import RedOpType
+from .accepts import reduction
 from .base import Options
 from .staging import flat, host, writeback
 from .tcp import Backend
@@ -175,6 +176,23 @@ class ShmBackend(Backend):
             fn(sc, flat(h), red, src=None if src is None else flat(src))
             finish(h, red, comm.size)
         writeback(t, h)
+
+    def _allreduce_step(self, red: Any, t: torch.Tensor) -> Any:
+        """The lean lane's all_reduce (``lane.py``): the flat exchange, for tensors that take
+        it on the general path as they are (no widening, one slot, not complex)."""
+        sc = self._sc
+        if sc is None or sc.arena is not self._arena:
+            return None  # the group's first operation opens the arena
+        nbytes = t.numel() * t.element_size()
+        if (self._size == 1 or nbytes == 0 or t.is_complex()
+                or algo.select_shm("allreduce", self._size, nbytes, sc.arena.slot_bytes) is not algo.allreduce_shm_flat):
+            return False
+        try:
+            if reduction("allreduce", red, t.dtype) is not None:
+                return False  # widened on the wire
+        except DistInputError:
+            return False  # refused: the general path says why, every call
+        return algo.allreduce_shm_flat_step(sc, red, t.dtype, t.shape)
 
     def _gather_into(self, comm: algo.Comm, out: torch.Tensor, inp: torch.Tensor) -> None:
         if comm.size == 1:

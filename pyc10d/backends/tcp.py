@@ -7,12 +7,13 @@ from datetime import timedelta
 from ..store.base import Store
 from ..transport.tcp import TCPTransport
 from .base import Options
+from .lane import LaneOps
 from .ops import CollectiveOps
 from .ops_gather import GatherOps
 from .p2p import P2POps
 
 
-class Backend(CollectiveOps, GatherOps, P2POps):
+class Backend(CollectiveOps, GatherOps, P2POps, LaneOps):
     """Every collective of a group, over any transport."""
 
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as tdist
 from torch._C._distributed_c10d import Work as _TorchWorkBase
 
-from ..backends.work import Work
+from ..backends.work import CompletedWork, Work
 from . import options as opt
 from .errors import to_torch, torch_future, translating
 
@@ -107,6 +107,8 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def __init__(self, engine: Any, rank: int, size: int, backend_name: str) -> None:
         super().__init__(rank, size)
         self._engine = engine
+        # The engine's lean lane for a synchronous all_reduce, if it has one (``backends.lane``).
+        self._lean_allreduce = getattr(engine, "lean_allreduce", None)
         self._backend_label = backend_name
         self._group_name = engine.group_name
         self._group_desc = "undefined"
@@ -143,6 +145,12 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     # -- all_reduce family ------------------------------------------------------------------
     def allreduce(self, tensors: Any, opts: Any = None) -> TorchWork:
+        lane = self._lean_allreduce
+        if lane is not None and tensors.__class__ is list and len(tensors) == 1:
+            red = opt.lane_allreduce_op(opts)
+            seq = lane(tensors[0], red) if red is not None else 0
+            if seq:
+                return TorchWork(CompletedWork("allreduce", tensors, seq))
         o = opt.allreduce(opts)
         return TorchWork(self._engine.allreduce(_list(tensors), o, _sync=opt.is_sync(opts)))
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import torch.distributed as tdist
+
 from ..types import (
     UNSET_TIMEOUT,
     AllgatherOptions,
@@ -26,6 +28,22 @@ from ..types import (
     ReduceScatterOptions,
     ScatterOptions,
 )
+
+_TorchAllreduceOptions = tdist.AllreduceOptions
+_TORCH_UNSET = timedelta(milliseconds=-1)  # torch's "no timeout given" (kUnsetTimeout)
+#: torch's reduce op kinds the lean lane serves, to pyc10d's ``ReduceOp`` members
+#: (``backends.lane.LANE_OPS``; PREMUL_SUM carries a factor and takes the general path).
+_LANE_OPS = {getattr(tdist.ReduceOp.RedOpType, t.name): getattr(ReduceOp, t.name)
+             for t in RedOpType if t not in (RedOpType.PREMUL_SUM, RedOpType.UNUSED)}
+
+
+def lane_allreduce_op(opts: Any) -> ReduceOp | None:
+    """pyc10d's op for torch's ``opts`` when the call may take the engine's lean lane
+    (synchronous, no timeout of its own, a plain reduce op), else None."""
+    if opts.__class__ is not _TorchAllreduceOptions or opts.asyncOp is not False:
+        return None
+    red = _LANE_OPS.get(opts.reduceOp.op)
+    return red if red is not None and opts.timeout == _TORCH_UNSET else None
 
 
 def reduce_op(op: Any) -> ReduceOp:

@@ -1,0 +1,280 @@
+"""The lean lane (``pyc10d/backends/lane.py``): the same all_reduce as the general path.
+
+A synchronous all_reduce of a key (op, dtype, shape) seen before runs a cached step instead
+of the general path. These tests check that it is taken (the general path's ``_submit`` is
+not called), that it computes what the general path computes, on every op and dtype it
+serves, beside ranks on the general path, and that everything the general path does
+besides the bytes still happens: the order of queued operations, the descriptor check
+between ranks, timeouts and dead peers named, the flight recorder, the profiler's ranges,
+and torch.distributed (the plugin) taking it too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from _multirank import exited, run_ranks  # noqa: E402
+
+pytestmark = pytest.mark.timeout(45)
+
+
+def _engine(dist):  # noqa: ANN001, ANN202
+    pg = dist.group.WORLD
+    return pg.engine if hasattr(pg, "engine") else pg._get_backend()
+
+
+def _count_general(engine) -> list[str]:  # noqa: ANN001
+    """Record the operations that take the general path (``_submit``) from now on."""
+    calls: list[str] = []
+    orig = engine._submit
+
+    def submit(opname, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        calls.append(opname)
+        return orig(opname, *a, **k)
+
+    engine._submit = submit
+    return calls
+
+
+def _value(rank: int, shape: tuple, dtype: torch.dtype, i: int) -> torch.Tensor:
+    n = max(1, int(torch.Size(shape).numel()))
+    x = (torch.arange(n) % 5 + rank + 1 + i).reshape(shape)
+    return (x % 2 == 0) if dtype == torch.bool else x.to(dtype)
+
+
+_REF = {"SUM": lambda a, b: a + b, "AVG": lambda a, b: a + b, "PRODUCT": lambda a, b: a * b,
+        "MIN": torch.minimum, "MAX": torch.maximum, "BAND": lambda a, b: a & b,
+        "BOR": lambda a, b: a | b, "BXOR": lambda a, b: a ^ b}
+_CASES = [  # (op, dtype, shape)
+    ("SUM", torch.float32, (2,)), ("SUM", torch.float64, (3, 4)), ("SUM", torch.int64, ()),
+    ("SUM", torch.bfloat16, (5,)), ("SUM", torch.bool, (6,)), ("AVG", torch.float32, (2, 2)),
+    ("PRODUCT", torch.int32, (7,)), ("MIN", torch.float16, (3,)), ("MAX", torch.uint8, (9,)),
+    ("MAX", torch.bool, (4,)), ("BAND", torch.int64, (3,)), ("BOR", torch.int16, (2,)),
+    ("BXOR", torch.int8, (4,)),
+]
+
+
+def _want(name: str, ws: int, shape: tuple, dtype: torch.dtype, i: int) -> torch.Tensor:
+    if dtype == torch.bool:
+        xs = [_value(r, shape, dtype, i) for r in range(ws)]
+        out = xs[0]
+        for x in xs[1:]:
+            out = (out | x) if name == "SUM" else torch.maximum(out, x)
+        return out
+    xs = [_value(r, shape, torch.float64, i) for r in range(ws)]
+    out = xs[0]
+    for x in xs[1:]:
+        out = _REF[name](out.to(torch.int64), x.to(torch.int64)).to(torch.float64) if name.startswith("B") \
+            else _REF[name](out, x)
+    if name == "AVG":
+        out = out / ws
+    return out.to(dtype)
+
+
+def _every_case(rank: int, ws: int, module: str) -> dict:
+    import importlib
+
+    dist = importlib.import_module(module)
+    engine = _engine(dist)
+    general = _count_general(engine)
+    wrong = []
+    for name, dtype, shape in _CASES:
+        op = getattr(dist.ReduceOp, name)
+        for i in range(3):  # the first call of a key takes the general path, then the lane
+            t = _value(rank, shape, dtype, i)
+            dist.all_reduce(t, op=op)
+            want = _want(name, ws, shape, dtype, i)
+            if not torch.equal(t, want):
+                wrong.append(f"{name} {dtype} {shape} call {i}: {t} != {want}")
+    return {"general": general, "wrong": wrong, "keys": len(engine._steps)}
+
+
+@pytest.mark.parametrize("module,world_size", [("pyc10d", 2), ("pyc10d", 3), ("torch.distributed", 2)])
+def test_lane_serves_repeat_calls_of_every_op_and_dtype(module: str, world_size: int) -> None:
+    backend = "shm" if module == "pyc10d" else "pyc10d_shm"
+    for res in run_ranks(backend, world_size, _every_case, module, dist_module=module):
+        assert res["wrong"] == []
+        # the group's first call opens the arena on the general path; every later one, of
+        # every key, ran on the lane (each key's step built at its first call)
+        assert res["general"] == ["allreduce"]
+        assert res["keys"] == len(_CASES)
+
+
+def _mixed_paths(rank: int, ws: int) -> list:
+    """Rank 0 passes strided views (the general path), the others contiguous tensors (the
+    lane): same exchange, same bytes."""
+    import pyc10d as dist
+
+    general = _count_general(_engine(dist))
+    out = []
+    for i in range(4):
+        base = torch.arange(8, dtype=torch.float32) * (rank + 1) + i
+        t = base.clone()[::2] if rank == 0 else base[::2].clone()
+        dist.all_reduce(t)
+        out.append(t.tolist())
+    return [out, general]
+
+
+def test_lane_and_general_path_exchange_with_each_other() -> None:
+    res = run_ranks("shm", 2, _mixed_paths)
+    want = [[(torch.arange(8.0)[::2] * 3 + 2 * i).tolist() for i in range(4)]]
+    assert [r[0] for r in res] == want * 2
+    assert len(res[0][1]) == 4 and res[1][1] == ["allreduce"]  # rank 1: the lane after the first
+
+
+def _queued_first(rank: int, ws: int) -> list:
+    """A sync all_reduce issued while an async one is queued runs after it (general path)."""
+    import pyc10d as dist
+
+    engine = _engine(dist)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    general = _count_general(engine)
+    a = torch.full((1000,), float(rank + 1))  # async: queued on the progress thread
+    b = torch.tensor([rank + 1.0, 1.0])  # the warmed key
+    if rank == 1:
+        time.sleep(0.5)  # rank 0's async call waits for this one: still pending at its next
+    work = dist.all_reduce(a, async_op=True)
+    dist.all_reduce(b)
+    work.wait()
+    return [a[0].item(), b.tolist(), general]
+
+
+def test_sync_call_behind_an_async_one_keeps_issue_order() -> None:
+    res = run_ranks("shm", 2, _queued_first)
+    for r in res:
+        assert r[0] == 3.0 and r[1] == [3.0, 2.0]
+    assert res[0][2] == ["allreduce", "allreduce"]  # pending work: the lane stepped aside
+
+
+def _mismatch(rank: int, ws: int) -> dict:
+    """Both shapes warmed on the lane, then the ranks disagree: both name the other's call."""
+    import pyc10d as dist
+
+    for n in (2, 3):
+        dist.all_reduce(torch.ones(n))
+    general = _count_general(_engine(dist))
+    try:
+        dist.all_reduce(torch.ones(2 if rank == 0 else 3))
+    except Exception as e:  # noqa: BLE001
+        first = f"{type(e).__name__}: {e}"
+    else:
+        first = "no error"
+    on_general = list(general)
+    try:
+        dist.all_reduce(torch.ones(2))
+    except Exception as e:  # noqa: BLE001
+        after = f"{type(e).__name__}: {e}"
+    else:
+        after = "no error"
+    return {"first": first, "after": after, "general": on_general}
+
+
+def test_lane_ranks_that_disagree_fail_naming_both() -> None:
+    res = run_ranks("shm", 2, _mismatch)
+    for rank, r in enumerate(res):
+        assert r["general"] == [], "the mismatching call should have run on the lane"
+        assert "DistBackendError" in r["first"]
+        other = 1 - rank
+        assert re.search(rf"allreduce #\d+ in group '0': rank {other} called allreduce SUM with "
+                         rf"{8 + 4 * other} bytes of float32, rank {rank} called allreduce SUM with "
+                         rf"{8 + 4 * rank} bytes", r["first"]), r["first"]
+        assert "[flight recorder: " in r["first"]
+        assert "unusable after an earlier failure" in r["after"]
+
+
+def _late_peer(rank: int, ws: int) -> dict:
+    import pyc10d as dist
+
+    t = torch.ones(2)
+    for _ in range(3):
+        dist.all_reduce(t)
+    if rank == 1:
+        time.sleep(4.0)  # never calls the fourth: rank 0 times out on the lane
+        return {}
+    general = _count_general(_engine(dist))
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t)
+    except Exception as e:  # noqa: BLE001
+        error = f"{type(e).__name__}: {e}"
+    else:
+        error = "no error"
+    took = time.monotonic() - t0
+    entries = _engine(dist).recorder.entries()
+    return {"error": error, "took": took, "general": general, "last": entries[-1], "before": entries[-2]}
+
+
+def test_lane_timeout_is_named_and_recorded() -> None:
+    r = run_ranks("shm", 2, _late_peer, pg_timeout=1.5)[0]
+    assert r["general"] == []
+    assert r["error"].startswith("DistTimeoutError: allreduce #4 in group"), r["error"]
+    assert "Timed out" in r["error"] and "rank 1" in r["error"]
+    assert 1.2 < r["took"] < 4.0
+    assert r["last"]["seq"] == 4 and r["last"]["op"] == "allreduce" and r["last"]["state"] == "failed"
+    assert r["before"]["state"] == "completed" and r["before"]["numel"] == 2 and r["before"]["dtype"] == "float32"
+
+
+def _dead_peer(rank: int, ws: int) -> str:
+    import pyc10d as dist
+
+    t = torch.ones(2)
+    for _ in range(3):
+        dist.all_reduce(t)
+    if rank == 1:
+        os._exit(0)
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t)
+    except Exception as e:  # noqa: BLE001
+        return f"{time.monotonic() - t0:.2f} {type(e).__name__}: {e}"
+    return "no error"
+
+
+def test_lane_names_a_dead_peer_within_a_second() -> None:
+    res = run_ranks("shm", 2, _dead_peer, pg_timeout=20, may_exit=(1,))
+    assert exited(res[1])
+    took, text = res[0].split(" ", 1)
+    assert float(took) < 1.5, res[0]
+    assert text.startswith("DistNetworkError: allreduce #4 in group") and "rank 1" in text, text
+
+
+def _profiled(rank: int, ws: int) -> list[str]:
+    import pyc10d as dist
+
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    dist.all_reduce(t)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        dist.all_reduce(t)
+    return sorted({e.name for e in prof.events() if e.name.startswith("pyc10d:")})
+
+
+def test_profiler_sees_a_warmed_all_reduce() -> None:
+    for names in run_ranks("shm", 2, _profiled):
+        assert "pyc10d:allreduce" in names
+
+
+def _other_backends(rank: int, ws: int) -> list:
+    import pyc10d as dist
+
+    engine = _engine(dist)
+    general = _count_general(engine)
+    t = torch.ones(2)
+    for _ in range(3):
+        dist.all_reduce(t)
+    return [t.tolist(), general]
+
+
+@pytest.mark.parametrize("backend", ["tcp", "threaded"])
+def test_backends_without_a_lane_run_every_call_on_the_general_path(backend: str) -> None:
+    for r in run_ranks(backend, 2, _other_backends):
+        assert r == [[8.0, 8.0], ["allreduce"] * 3]
