@@ -62,10 +62,15 @@ def _complex_view(t: torch.Tensor, op: ReduceOp, opname: str) -> torch.Tensor:
     return t
 
 
+def _lane(group: Any) -> Any:
+    """The engine of ``group`` (default: the default group) when it has the lean lane."""
+    return getattr(current_world().default_pg if group is None else group, "_lane", None)
+
+
 def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
     if not async_op:  # the lean lane (``backends.lane``) runs it, or says no having done nothing
-        lane = getattr(current_world().default_pg if group is None else group, "_lean_allreduce", None)
-        if lane is not None and not tracing() and lane(tensor, op):
+        lane = _lane(group)
+        if lane is not None and not tracing() and lane.lean_allreduce(tensor, op):
             return None
     check_tensor(tensor, "tensor")
     pg = group_or_warn(group, "all_reduce")
@@ -92,6 +97,11 @@ def all_reduce_coalesced(tensors: Any, op: Any = ReduceOp.SUM, group: Any = None
 
 def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, async_op: bool = False,
               group_src: int | None = None) -> Any:
+    if not async_op and (group_src is None if group is None else src is None):
+        lane = _lane(group)  # the root in group ranks: ``src`` on the default group, else group_src
+        root = (src if group is None else group_src) or 0
+        if lane is not None and not tracing() and lane.lean_broadcast(tensor, root):
+            return None
     check_tensor(tensor, "tensor")
     pg = group_or_warn(group, "broadcast")
     if pg is None:
@@ -124,6 +134,10 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
 
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
                            async_op: bool = False) -> Any:
+    if not async_op:
+        lane = _lane(group)
+        if lane is not None and not tracing() and lane.lean_allgather(output_tensor, input_tensor):
+            return None
     check_tensor(output_tensor, "output_tensor")
     check_tensor(input_tensor, "input_tensor")
     ensure_same_dtype(output_tensor, input_tensor)
@@ -208,6 +222,10 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None,
                           async_op: bool = False) -> Any:
+    if not async_op:
+        lane = _lane(group)
+        if lane is not None and not tracing() and lane.lean_reduce_scatter(output, input, op):
+            return None
     check_tensor(output, "output")
     check_tensor(input, "input")
     ensure_same_dtype(output, input)

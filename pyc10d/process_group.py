@@ -19,6 +19,7 @@ import torch
 from .backends import Options
 from .backends.fake import FakeBackend
 from .backends.hier import create_auto, create_hier
+from .backends.lane import LaneOps
 from .backends.shm import ShmBackend
 from .backends.tcp import Backend as _Engine
 from .backends.tcp import TCPBackend
@@ -108,8 +109,8 @@ class ProcessGroup:
         """``ProcessGroup(rank, size)`` or ``(store, rank, size)`` as torch; pyc10d passes ``engine=``."""
         rank, size = int(args[-2]), int(args[-1])
         self._engine = engine
-        # The engine's lean lane for a synchronous all_reduce, if it has one (``backends.lane``).
-        self._lean_allreduce = getattr(engine, "lean_allreduce", None)
+        # The engine when it has the lean lane's entries (``backends.lane``), for the public API.
+        self._lane = engine if isinstance(engine, LaneOps) else None
         self._rank = rank
         self._size = size
         self._group_name = group_name

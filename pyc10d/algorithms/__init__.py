@@ -12,7 +12,7 @@ from torch.autograd import profiler as _torch_profiler
 from . import profiling, segments
 from .allgather_direct import allgather_direct
 from .allgather_ring import allgather_ring
-from .allgather_shm_chunked import allgather_shm_chunked
+from .allgather_shm_chunked import allgather_shm_chunked, allgather_shm_flat_step
 from .allreduce_direct import allreduce_direct
 from .allreduce_ring import allreduce_ring
 from .allreduce_shm_flat import allreduce_shm_flat, allreduce_shm_flat_step
@@ -24,16 +24,16 @@ from .barrier_shm_counter import barrier_shm_counter
 from .broadcast_chain import broadcast_chain
 from .broadcast_direct import broadcast_direct
 from .broadcast_scatter_allgather import broadcast_scatter_allgather
-from .broadcast_shm_chunked import broadcast_shm_chunked
+from .broadcast_shm_chunked import broadcast_shm_chunked, broadcast_shm_flat_step
 from .comm import Comm
 from .gather_direct import gather_direct
 from .reduce_direct import reduce_direct
 from .reduce_ring import reduce_ring
 from .reduce_scatter_direct import reduce_scatter_direct
 from .reduce_scatter_ring import reduce_scatter_ring
-from .reduce_scatter_shm_chunked import reduce_scatter_shm_chunked
+from .reduce_scatter_shm_chunked import reduce_scatter_shm_chunked, reduce_scatter_shm_flat_step
 from .scatter_direct import scatter_direct
-from .shm_comm import ShmComm
+from .shm_comm import ALIGN_BYTES, ShmComm
 
 # Below these sizes (bytes per rank) one flat round beats the 2(n-1) steps of a ring.
 SMALL_ALLREDUCE = 256 * 1024
@@ -103,7 +103,9 @@ __all__ = [
     "alltoall_pairwise", "barrier_direct", "broadcast_chain", "broadcast_direct",
     "broadcast_scatter_allgather",
     "gather_direct", "reduce_direct", "reduce_ring", "reduce_scatter_direct",
-    "reduce_scatter_ring", "scatter_direct", "ShmComm", "select_shm", "allgather_shm_chunked",
-    "allreduce_shm_flat", "allreduce_shm_flat_step", "allreduce_shm_rsag", "alltoall_shm_chunked", "barrier_shm_counter",
+    "reduce_scatter_ring", "scatter_direct", "ShmComm", "ALIGN_BYTES", "select_shm", "allgather_shm_chunked",
+    "allreduce_shm_flat", "allreduce_shm_rsag", "alltoall_shm_chunked", "barrier_shm_counter",
     "broadcast_shm_chunked", "reduce_scatter_shm_chunked",
+    # the lean lane's single-phase steps (``backends/lane.py``)
+    "allreduce_shm_flat_step", "allgather_shm_flat_step", "broadcast_shm_flat_step", "reduce_scatter_shm_flat_step",
 ]

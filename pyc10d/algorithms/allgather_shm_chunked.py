@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .shm_comm import ShmComm, nbytes_of
+from .shm_comm import ShmComm, close_phase, descriptor_head, nbytes_of, open_phase
 
 
 def allgather_shm_chunked(comm: ShmComm, inp: torch.Tensor, out: torch.Tensor) -> None:
@@ -37,3 +37,23 @@ def allgather_shm_chunked(comm: ShmComm, inp: torch.Tensor, out: torch.Tensor) -
         comm.post(c)
         comm.wait_all(c)
     copy_out(c, m - 1)
+
+
+def allgather_shm_flat_step(comm: ShmComm, dtype: torch.dtype, k: int):  # noqa: ANN201
+    """``allgather_shm_chunked`` in one chunk (``k`` elements of ``dtype`` fit a slot), made
+    once for the lean lane (``backends/lane.py``): ``step(out, inp, deadline, timeout)`` with
+    ``out`` (n·k,) and ``inp`` (k,), both contiguous. Same phase, descriptor and copies."""
+    arena = comm.arena
+    rank, n = arena.rank, arena.size
+    nbytes = k * dtype.itemsize
+    head = descriptor_head("allgather", dtype)
+    slots = [arena.slots(p, dtype)[:, :k] for p in (0, 1)]
+
+    def step(out: torch.Tensor, inp: torch.Tensor, deadline: float, timeout: float) -> None:
+        c = open_phase(arena, head, nbytes, deadline, timeout, "allgather_into_tensor")
+        s = slots[c & 1]
+        s[rank].copy_(inp.view(-1))
+        close_phase(arena, c, deadline, "allgather_into_tensor")
+        out.view(n, k).copy_(s)
+
+    return step

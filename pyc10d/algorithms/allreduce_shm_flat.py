@@ -13,7 +13,7 @@ import torch
 
 from ..types import RedOpType, ReduceOp
 from .reduce_ops import kernel
-from .shm_comm import ShmComm, descriptor_head, disagreement, nbytes_of, reduce_many
+from .shm_comm import ShmComm, close_phase, descriptor_head, nbytes_of, open_phase, reduce_many
 
 
 def allreduce_shm_flat(comm: ShmComm, t: torch.Tensor, op: ReduceOp, root: int | None = None,
@@ -34,7 +34,7 @@ def allreduce_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype, sha
     (a rank running it and a rank running that one exchange correctly), with what they
     compute per call computed here: the descriptor word, the slot rows of both parities, the
     kernel, whether AVG divides. The lean lane (``backends/lane.py``) runs it as
-    ``step(t, deadline, timeout)``; it reaches the arena directly, one operation at a time.
+    ``step(t, None, deadline, timeout)``; it reaches the arena directly.
     """
     arena = comm.arena
     rank, n = arena.rank, arena.size
@@ -46,20 +46,12 @@ def allreduce_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype, sha
     avg = op.op is RedOpType.AVG
     reshape = len(shape) != 1
 
-    def step(t: torch.Tensor, deadline: float, timeout: float) -> None:
-        arena.timeout = timeout
-        c = arena.phase + 1
-        if arena.known < c - 1:
-            arena.wait_all(c - 1, deadline, "allreduce")
-        arena.set_descriptor(c, head, nbytes)
+    def step(t: torch.Tensor, _: None, deadline: float, timeout: float) -> None:
+        c = open_phase(arena, head, nbytes, deadline, timeout, "allreduce")
         r = rows[c & 1]
         out = t.view(-1) if reshape else t
         r[rank].copy_(out)
-        arena.post(c)
-        arena.wait_all(c, deadline, "allreduce")
-        p = arena.disagreeing(c, True)
-        if p >= 0:
-            raise disagreement(arena, p, c, "allreduce")
+        close_phase(arena, c, deadline, "allreduce")
         fn(r[0], r[1], out=out)
         for x in r[2:]:
             fn(out, x, out=out)

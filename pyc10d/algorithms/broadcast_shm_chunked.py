@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .shm_comm import ShmComm, nbytes_of
+from .shm_comm import ShmComm, close_phase, descriptor_head, nbytes_of, open_phase
 
 
 def broadcast_shm_chunked(comm: ShmComm, t: torch.Tensor, root: int) -> None:
@@ -39,3 +39,24 @@ def broadcast_shm_chunked(comm: ShmComm, t: torch.Tensor, root: int) -> None:
         comm.wait_all(c)
     if not is_root:
         copy_out(c, m - 1)
+
+
+def broadcast_shm_flat_step(comm: ShmComm, dtype: torch.dtype, numel: int, root: int):  # noqa: ANN201
+    """``broadcast_shm_chunked`` in one chunk (``numel`` elements fit the phase's n slots),
+    made once for the lean lane (``backends/lane.py``): ``step(t, None, deadline, timeout)``
+    with ``t`` contiguous. Same phase, descriptor and copies."""
+    arena = comm.arena
+    nbytes = numel * dtype.itemsize
+    head = descriptor_head("broadcast", dtype, None, root)
+    spans = [arena.slots(p, dtype).view(-1)[:numel] for p in (0, 1)]
+    is_root = arena.rank == root
+
+    def step(t: torch.Tensor, _: None, deadline: float, timeout: float) -> None:
+        c = open_phase(arena, head, nbytes, deadline, timeout, "broadcast")
+        if is_root:
+            spans[c & 1].copy_(t.view(-1))
+        close_phase(arena, c, deadline, "broadcast")
+        if not is_root:
+            t.view(-1).copy_(spans[c & 1])
+
+    return step

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from ..types import ReduceOp
-from .shm_comm import ShmComm, nbytes_of, reduce_many
+from ..types import RedOpType, ReduceOp
+from .reduce_ops import kernel
+from .shm_comm import ShmComm, close_phase, descriptor_head, nbytes_of, open_phase, reduce_many
 
 
 def reduce_scatter_shm_chunked(comm: ShmComm, blocks: torch.Tensor, out: torch.Tensor, op: ReduceOp) -> None:
@@ -54,3 +55,32 @@ def reduce_scatter_shm_chunked(comm: ShmComm, blocks: torch.Tensor, out: torch.T
         comm.post(c)
         comm.wait_all(c)
     red(c, m - 1)
+
+
+def reduce_scatter_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype, k: int):  # noqa: ANN201
+    """``reduce_scatter_shm_chunked`` in one chunk (n pieces of ``k`` elements fit a slot),
+    made once for the lean lane (``backends/lane.py``): ``step(out, inp, deadline, timeout)``
+    with ``out`` (k,) and ``inp`` (n·k,), both contiguous. Same phase, descriptor, copy and
+    reduction order (every rank's piece, rank order); AVG divides as ``finish`` does."""
+    arena = comm.arena
+    rank, n = arena.rank, arena.size
+    nbytes = n * k * dtype.itemsize
+    head = descriptor_head("reduce_scatter", dtype, op)
+    mine = [arena.slots(p, dtype)[rank, :n * k].view(n, k) for p in (0, 1)]
+    pieces = [[arena.slots(p, dtype)[q, rank * k:(rank + 1) * k] for q in range(n)] for p in (0, 1)]
+    fn = kernel(op, dtype)
+    avg = op.op is RedOpType.AVG
+
+    def step(out: torch.Tensor, inp: torch.Tensor, deadline: float, timeout: float) -> None:
+        c = open_phase(arena, head, nbytes, deadline, timeout, "reduce_scatter_tensor")
+        mine[c & 1].copy_(inp.view(n, k))
+        close_phase(arena, c, deadline, "reduce_scatter_tensor")
+        xs = pieces[c & 1]
+        o = out.view(-1)
+        fn(xs[0], xs[1], out=o)
+        for x in xs[2:]:
+            fn(o, x, out=o)
+        if avg:
+            o.div_(n)
+
+    return step

@@ -102,6 +102,27 @@ class ShmComm:
             raise disagreement(self.arena, p, c, self.op)
 
 
+# -- the lean lane's phase (``backends/lane.py``): what ``start``/``post``/``wait_all`` do, on
+# the arena directly, for a step that made every other decision once (the ``*_step`` builders).
+def open_phase(arena: Arena, head: int, nbytes: int, deadline: float, timeout: float, op: str) -> int:
+    """The operation's phase, its descriptor published (``ShmComm.start`` with ``exact``)."""
+    arena.timeout = timeout
+    c = arena.phase + 1
+    if arena.known < c - 1:
+        arena.wait_all(c - 1, deadline, op)
+    arena.set_descriptor(c, head, nbytes)
+    return c
+
+
+def close_phase(arena: Arena, c: int, deadline: float, op: str) -> None:
+    """Post phase ``c``, wait for every rank's, and check their descriptors agree."""
+    arena.post(c)
+    arena.wait_all(c, deadline, op)
+    p = arena.disagreeing(c, True)
+    if p >= 0:
+        raise disagreement(arena, p, c, op)
+
+
 def descriptor_head(collective: str, dtype: torch.dtype | None, red: ReduceOp | None = None, root: int = 0) -> int:
     """The first word of an operation's descriptor (see ``_describe``), cached."""
     key = (collective, dtype, red.op if red is not None else None, root)

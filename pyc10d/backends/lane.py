@@ -42,44 +42,82 @@ for _t in RedOpType:
         LANE_OPS[id(_t)] = LANE_OPS[id(getattr(ReduceOp, _t.name))] = getattr(ReduceOp, _t.name)
 
 _strided = torch.strided
+_Tensor = torch.Tensor
 
-#: A step: ``step(t, deadline, timeout)`` runs the operation's exchange on ``t``.
-Step = Callable[[torch.Tensor, float, float], None]
+#: A step: ``step(x, y, deadline, timeout)`` runs one operation's exchange; ``x`` is its
+#: output (what the flight recorder describes), ``y`` its input or None (in place).
+Step = Callable[[torch.Tensor, Any, float, float], None]
+
+
+def _plain(t: Any) -> bool:
+    """A tensor the steps take as it is: a dense, contiguous CPU tensor needing no gradient
+    (anything else is staged by the general path)."""
+    return (t.__class__ is _Tensor and t.layout is _strided and t.is_cpu and not t.requires_grad
+            and t.is_contiguous())
 
 
 class LaneOps(Engine):
-    """``lean_allreduce``; a backend supplies the steps (``_allreduce_step``)."""
+    """The ``lean_*`` entries; a backend supplies the steps (``_lane_step``)."""
 
     _steps: dict | None = None
 
-    def _allreduce_step(self, red: ReduceOp, t: torch.Tensor) -> Step | bool | None:
-        """The step of an all_reduce of tensors like ``t`` with ``red``, asked once per (op,
-        dtype, shape) (``t``: a contiguous CPU tensor that needs no gradient). False: never
-        (the general path runs every such call); None: not yet, ask again next call."""
+    def _lane_step(self, key: tuple, x: torch.Tensor, y: torch.Tensor | None, red: ReduceOp | None,
+                   root: int) -> Step | bool | None:
+        """The step for operations of ``key`` (its first field names the collective), asked
+        once per key with the first call's tensors. False: never (the general path runs
+        every such call); None: not yet, ask again next call."""
         return False
 
-    def lean_allreduce(self, t: torch.Tensor, op: Any) -> int:
-        """Run a synchronous in-place all_reduce of ``t`` on the lane: its sequence number,
-        or 0 when it cannot (nothing was done: the caller takes the general path)."""
-        red = LANE_OPS.get(id(op))
-        if (red is None or t.__class__ is not torch.Tensor or t.layout is not _strided or not t.is_cpu
-                or t.requires_grad or _torch_profiler._is_profiler_enabled or not t.is_contiguous()):
-            return 0
+    def _lane(self, key: tuple, opname: str, x: torch.Tensor, y: torch.Tensor | None, red: ReduceOp | None,
+              root: int) -> int:
         steps = self._steps
         if steps is None:
             steps = self._steps = {}
-        key = (id(red), t.dtype, t.shape)  # (an Enum's hash is a Python call; ``red`` lives for ever)
         step = steps.get(key)
         if step is None:
-            step = self._allreduce_step(red, t)
+            step = self._lane_step(key, x, y, red, root)
             if step is None:  # not yet (e.g. no arena before the group's first operation)
                 return 0
             steps[key] = step
-        if step is False:  # never: the general path runs every call of this key
+        if step is False or _torch_profiler._is_profiler_enabled:  # the profiler shows the general path
             return 0
-        return self._run_step("allreduce", red, t, step)
+        return self._run_step(opname, red, root, x, y, step)
 
-    def _run_step(self, opname: str, red: ReduceOp, t: torch.Tensor, step: Step) -> int:
+    # Each entry runs a synchronous call on the lane and returns its sequence number, or 0
+    # having done nothing (the caller takes the general path). The keys hold what the step
+    # depends on; what they leave out (contiguity, device, gradient) is checked every call.
+    def lean_allreduce(self, t: torch.Tensor, op: Any) -> int:
+        """In-place all_reduce of ``t`` with ``op`` (a pyc10d ``ReduceOp`` or ``RedOpType``)."""
+        red = LANE_OPS.get(id(op))
+        if red is None or not _plain(t):
+            return 0
+        # (an Enum's hash is a Python call: ``red`` lives for ever, its id does)
+        return self._lane(("allreduce", id(red), t.dtype, t.shape), "allreduce", t, None, red, -1)
+
+    def lean_allgather(self, out: torch.Tensor, inp: torch.Tensor) -> int:
+        """all_gather_into_tensor of ``inp`` into ``out``."""
+        if not (_plain(out) and _plain(inp)):
+            return 0
+        key = ("allgather", out.dtype, inp.dtype, out.numel(), inp.numel())
+        return self._lane(key, "allgather_into_tensor", out, inp, None, -1)
+
+    def lean_reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, op: Any) -> int:
+        """reduce_scatter_tensor of ``inp`` into ``out`` with ``op``."""
+        red = LANE_OPS.get(id(op))
+        if red is None or not (_plain(out) and _plain(inp)):
+            return 0
+        key = ("reduce_scatter", id(red), out.dtype, inp.dtype, out.numel(), inp.numel())
+        return self._lane(key, "reduce_scatter_tensor", out, inp, red, -1)
+
+    def lean_broadcast(self, t: torch.Tensor, root: int) -> int:
+        """broadcast of ``t`` from group rank ``root``."""
+        if not _plain(t) or not 0 <= root < self._size:
+            return 0  # (a root out of range: the general path says so)
+        return self._lane(("broadcast", root, t.dtype, t.numel()), "broadcast", t, None, None, root)
+
+    def _run_step(self, opname: str, red: ReduceOp | None, root: int, x: torch.Tensor, y: torch.Tensor | None,
+                  step: Step) -> int:
+        """Run ``step`` as the group's next operation, with the engine's bookkeeping."""
         lock = self._lock
         lock.acquire()
         if (self._pending or self._closed or self._broken is not None or self._desync is not None
@@ -92,16 +130,16 @@ class LaneOps(Engine):
         seq = full & 0x7FFFFFFF
         now = _now()
         log = self.recorder
-        if log is not None:
-            log.ops[seq & log.mask] = (seq, opname, red, None, t.numel(), t.dtype, -now)
+        if log is not None:  # as ``_submit`` writes it
+            log.ops[seq & log.mask] = (seq, opname, red, None if root < 0 else root, x.numel(), x.dtype, -now)
         self._running_op = (full, opname, now)
         self._entered = (full, opname)
         timeout = self.timeout_s
         error = None
         try:
-            step(t, now + timeout, timeout)
+            step(x, y, now + timeout, timeout)
         except BaseException as e:  # noqa: BLE001 - raised below, as ``wait`` would raise it
-            error = self._failed(e, Work(opname, [t], full))
+            error = self._failed(e, Work(opname, [x], full))
         finally:
             self._running_op = None
             if error is None and log is not None:

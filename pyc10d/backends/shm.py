@@ -177,22 +177,38 @@ class ShmBackend(Backend):
             finish(h, red, comm.size)
         writeback(t, h)
 
-    def _allreduce_step(self, red: Any, t: torch.Tensor) -> Any:
-        """The lean lane's all_reduce (``lane.py``): the flat exchange, for tensors that take
-        it on the general path as they are (no widening, one slot, not complex)."""
+    def _lane_step(self, key: tuple, x: torch.Tensor, y: torch.Tensor | None, red: Any, root: int) -> Any:
+        """The lean lane's steps (``lane.py``): the single-phase exchange of each collective,
+        for calls that take it on the general path too (one slot's worth, no widening, not
+        complex); False for every other key of the collective."""
         sc = self._sc
         if sc is None or sc.arena is not self._arena:
             return None  # the group's first operation opens the arena
-        nbytes = t.numel() * t.element_size()
-        if (self._size == 1 or nbytes == 0 or t.is_complex()
-                or algo.select_shm("allreduce", self._size, nbytes, sc.arena.slot_bytes) is not algo.allreduce_shm_flat):
+        n, slot, dtype = self._size, sc.arena.slot_bytes, x.dtype
+        if n == 1 or x.numel() == 0 or x.is_complex() or (y is not None and y.dtype != dtype):
             return False
         try:
-            if reduction("allreduce", red, t.dtype) is not None:
+            if red is not None and reduction(key[0], red, dtype) is not None:
                 return False  # widened on the wire
         except DistInputError:
             return False  # refused: the general path says why, every call
-        return algo.allreduce_shm_flat_step(sc, red, t.dtype, t.shape)
+        kind, elems, align = key[0], slot // dtype.itemsize, max(1, algo.ALIGN_BYTES // dtype.itemsize)
+        if kind == "allreduce":
+            if algo.select_shm("allreduce", n, x.numel() * dtype.itemsize, slot) is not algo.allreduce_shm_flat:
+                return False
+            return algo.allreduce_shm_flat_step(sc, red, dtype, x.shape)
+        if kind == "broadcast":
+            return algo.broadcast_shm_flat_step(sc, dtype, x.numel(), root) if x.numel() <= elems * n else False
+        assert y is not None
+        if kind == "allgather":
+            k = y.numel()
+            fits = x.numel() == k * n and k <= max(align, elems // align * align)
+            return algo.allgather_shm_flat_step(sc, dtype, k) if fits else False
+        if kind == "reduce_scatter":
+            k = x.numel()
+            fits = y.numel() == k * n and k <= max(align, elems // n // align * align)
+            return algo.reduce_scatter_shm_flat_step(sc, red, dtype, k) if fits else False
+        return False
 
     def _gather_into(self, comm: algo.Comm, out: torch.Tensor, inp: torch.Tensor) -> None:
         if comm.size == 1:

@@ -20,8 +20,13 @@ from typing import Any
 
 import torch
 import torch.distributed as tdist
+from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions
+from torch._C._distributed_c10d import AllreduceOptions as _AllreduceOptions
+from torch._C._distributed_c10d import BroadcastOptions as _BroadcastOptions
+from torch._C._distributed_c10d import ReduceScatterOptions as _ReduceScatterOptions
 from torch._C._distributed_c10d import Work as _TorchWorkBase
 
+from ..backends.lane import LaneOps
 from ..backends.work import CompletedWork, Work
 from . import options as opt
 from .errors import to_torch, torch_future, translating
@@ -107,8 +112,9 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def __init__(self, engine: Any, rank: int, size: int, backend_name: str) -> None:
         super().__init__(rank, size)
         self._engine = engine
-        # The engine's lean lane for a synchronous all_reduce, if it has one (``backends.lane``).
-        self._lean_allreduce = getattr(engine, "lean_allreduce", None)
+        # The engine when it has the lean lane's entries (``backends.lane``): a synchronous
+        # call it serves runs there, and its Work is made finished.
+        self._lane = engine if isinstance(engine, LaneOps) else None
         self._backend_label = backend_name
         self._group_name = engine.group_name
         self._group_desc = "undefined"
@@ -145,10 +151,11 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     # -- all_reduce family ------------------------------------------------------------------
     def allreduce(self, tensors: Any, opts: Any = None) -> TorchWork:
-        lane = self._lean_allreduce
-        if lane is not None and tensors.__class__ is list and len(tensors) == 1:
-            red = opt.lane_allreduce_op(opts)
-            seq = lane(tensors[0], red) if red is not None else 0
+        lane = self._lane
+        if (lane is not None and tensors.__class__ is list and len(tensors) == 1
+                and opt.lane_ok(opts, _AllreduceOptions)):
+            red = opt.lane_op(opts)
+            seq = lane.lean_allreduce(tensors[0], red) if red is not None else 0
             if seq:
                 return TorchWork(CompletedWork("allreduce", tensors, seq))
         o = opt.allreduce(opts)
@@ -160,6 +167,12 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     # -- broadcast / reduce -----------------------------------------------------------------
     def broadcast(self, tensors: Any, opts: Any = None) -> TorchWork:
+        lane = self._lane
+        if (lane is not None and tensors.__class__ is list and len(tensors) == 1
+                and opt.lane_ok(opts, _BroadcastOptions) and opts.rootTensor == 0):
+            seq = lane.lean_broadcast(tensors[0], opts.rootRank)
+            if seq:
+                return TorchWork(CompletedWork("broadcast", tensors, seq))
         o = opt.broadcast(opts)
         return TorchWork(self._engine.broadcast(_list(tensors), o, _sync=opt.is_sync(opts)))
 
@@ -173,6 +186,11 @@ class TorchProcessGroup(tdist.ProcessGroup):
         return TorchWork(self._engine.allgather(output_tensors, input_tensors, o, _sync=opt.is_sync(opts)))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TorchWork:
+        lane = self._lane
+        if lane is not None and opt.lane_ok(opts, _AllgatherOptions):
+            seq = lane.lean_allgather(output, input)
+            if seq:
+                return TorchWork(CompletedWork("allgather_into_tensor", [output], seq))
         o = opt.allgather(opts)
         return TorchWork(self._engine._allgather_base(output, input, o, _sync=opt.is_sync(opts)))
 
@@ -199,6 +217,12 @@ class TorchProcessGroup(tdist.ProcessGroup):
         return TorchWork(self._engine.reduce_scatter(output_tensors, input_tensors, o, _sync=opt.is_sync(opts)))
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TorchWork:
+        lane = self._lane
+        if lane is not None and opt.lane_ok(opts, _ReduceScatterOptions):
+            red = opt.lane_op(opts)
+            seq = lane.lean_reduce_scatter(output, input, red) if red is not None else 0
+            if seq:
+                return TorchWork(CompletedWork("reduce_scatter_tensor", [output], seq))
         o = opt.reduce_scatter(opts)
         return TorchWork(self._engine._reduce_scatter_base(output, input, o, _sync=opt.is_sync(opts)))
 

@@ -29,7 +29,6 @@ from ..types import (
     ScatterOptions,
 )
 
-_TorchAllreduceOptions = tdist.AllreduceOptions
 _TORCH_UNSET = timedelta(milliseconds=-1)  # torch's "no timeout given" (kUnsetTimeout)
 #: torch's reduce op kinds the lean lane serves, to pyc10d's ``ReduceOp`` members
 #: (``backends.lane.LANE_OPS``; PREMUL_SUM carries a factor and takes the general path).
@@ -37,13 +36,15 @@ _LANE_OPS = {getattr(tdist.ReduceOp.RedOpType, t.name): getattr(ReduceOp, t.name
              for t in RedOpType if t not in (RedOpType.PREMUL_SUM, RedOpType.UNUSED)}
 
 
-def lane_allreduce_op(opts: Any) -> ReduceOp | None:
-    """pyc10d's op for torch's ``opts`` when the call may take the engine's lean lane
-    (synchronous, no timeout of its own, a plain reduce op), else None."""
-    if opts.__class__ is not _TorchAllreduceOptions or opts.asyncOp is not False:
-        return None
-    red = _LANE_OPS.get(opts.reduceOp.op)
-    return red if red is not None and opts.timeout == _TORCH_UNSET else None
+def lane_ok(opts: Any, cls: type) -> bool:
+    """Whether a call with torch's ``opts`` may take the engine's lean lane: options of
+    torch's ``cls`` (not a subclass that may mean more), synchronous, no timeout of its own."""
+    return opts.__class__ is cls and opts.asyncOp is False and opts.timeout == _TORCH_UNSET
+
+
+def lane_op(opts: Any) -> ReduceOp | None:
+    """pyc10d's member for the reduce op of torch's ``opts``; None: the lane does not serve it."""
+    return _LANE_OPS.get(opts.reduceOp.op)
 
 
 def reduce_op(op: Any) -> ReduceOp:

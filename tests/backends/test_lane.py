@@ -108,6 +108,51 @@ def test_lane_serves_repeat_calls_of_every_op_and_dtype(module: str, world_size:
         assert res["keys"] == len(_CASES)
 
 
+def _gather_family(rank: int, ws: int, module: str) -> dict:
+    """all_gather_into_tensor, reduce_scatter_tensor and broadcast, each key three times."""
+    import importlib
+
+    dist = importlib.import_module(module)
+    engine = _engine(dist)
+    general = _count_general(engine)
+    wrong = []
+
+    def check(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        if not torch.equal(got, want):
+            wrong.append(f"{what}: {got} != {want}")
+
+    for i in range(3):
+        for dtype, k in ((torch.float32, 3), (torch.int64, 1), (torch.bfloat16, 40), (torch.uint8, 5)):
+            parts = [(torch.arange(k) + 10 * r + i).to(dtype) for r in range(ws)]
+            out = torch.full((ws, k), 99).to(dtype)
+            dist.all_gather_into_tensor(out, parts[rank].clone())
+            check(f"all_gather {dtype} k={k} #{i}", out, torch.stack(parts))
+            for name in ("SUM", "MAX", "AVG"):
+                if name == "AVG" and not dtype.is_floating_point:
+                    continue
+                inputs = [(torch.arange(ws * k) % 7 + r + i).to(dtype) for r in range(ws)]
+                out = torch.full((k,), 99).to(dtype)
+                dist.reduce_scatter_tensor(out, inputs[rank].clone(), op=getattr(dist.ReduceOp, name))
+                full = torch.stack([x.to(torch.float64) for x in inputs])
+                want = full.amax(0) if name == "MAX" else full.sum(0) / (ws if name == "AVG" else 1)
+                check(f"reduce_scatter {name} {dtype} k={k} #{i}", out, want[rank * k:(rank + 1) * k].to(dtype))
+            for root in range(ws):
+                t = (torch.arange(k) + 100 * root + i).to(dtype) if rank == root else torch.full((k,), 7).to(dtype)
+                dist.broadcast(t, src=root)
+                check(f"broadcast root {root} {dtype} #{i}", t, (torch.arange(k) + 100 * root + i).to(dtype))
+    return {"general": general, "wrong": wrong, "keys": len(engine._steps)}
+
+
+@pytest.mark.parametrize("module,world_size", [("pyc10d", 2), ("pyc10d", 3), ("torch.distributed", 2)])
+def test_lane_serves_gather_scatter_and_broadcast(module: str, world_size: int) -> None:
+    backend = "shm" if module == "pyc10d" else "pyc10d_shm"
+    for res in run_ranks(backend, world_size, _gather_family, module, dist_module=module):
+        assert res["wrong"] == []
+        # the group's first call opens the arena; every later call ran on the lane
+        assert res["general"] == ["allgather_into_tensor"]
+        assert res["keys"] == 4 * (1 + 3 + world_size) - 2  # (no AVG for the two integer dtypes)
+
+
 def _mixed_paths(rank: int, ws: int) -> list:
     """Rank 0 passes strided views (the general path), the others contiguous tensors (the
     lane): same exchange, same bytes."""
