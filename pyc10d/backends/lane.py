@@ -60,6 +60,13 @@ class LaneOps(Engine):
     """The ``lean_*`` entries; a backend supplies the steps (``_lane_step``)."""
 
     _steps: dict | None = None
+    #: An all_reduce of at least this many bytes is offered to ``_lane_declines`` first: a
+    #: backend whose path for it depends on the tensor itself, not only on its key (shm:
+    #: a tensor in symmetric memory is reduced out of the peers' memory instead).
+    _lane_check_bytes = 1 << 62
+
+    def _lane_declines(self, t: torch.Tensor) -> bool:
+        return False
 
     def _lane_step(self, key: tuple, x: torch.Tensor, y: torch.Tensor | None, red: ReduceOp | None,
                    root: int) -> Step | bool | None:
@@ -89,7 +96,7 @@ class LaneOps(Engine):
     def lean_allreduce(self, t: torch.Tensor, op: Any) -> int:
         """In-place all_reduce of ``t`` with ``op`` (a pyc10d ``ReduceOp`` or ``RedOpType``)."""
         red = LANE_OPS.get(id(op))
-        if red is None or not _plain(t):
+        if red is None or not _plain(t) or (t.nbytes >= self._lane_check_bytes and self._lane_declines(t)):
             return 0
         # (an Enum's hash is a Python call: ``red`` lives for ever, its id does)
         return self._lane(("allreduce", id(red), t.dtype, t.shape), "allreduce", t, None, red, -1)

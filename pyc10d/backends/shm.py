@@ -79,6 +79,7 @@ class ShmBackend(Backend):
         self.options.backend = "shm"
         self._arena: Arena | None = None
         self._sc: algo.ShmComm | None = None  # the arena's view, refreshed for each operation
+        self._lane_check_bytes = SYMMETRIC_MIN_BYTES
 
     @classmethod
     def create(cls, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ShmBackend:
@@ -176,6 +177,11 @@ class ShmBackend(Backend):
             fn(sc, flat(h), red, src=None if src is None else flat(src))
             finish(h, red, comm.size)
         writeback(t, h)
+
+    def _lane_declines(self, t: torch.Tensor) -> bool:
+        """Once symmetric memory is in use, a tensor of its size takes ``_allreduce_dense``,
+        which asks it once whether the tensor is one of its own (and reduces it there)."""
+        return symmetric_allreduce is not None
 
     def _lane_step(self, key: tuple, x: torch.Tensor, y: torch.Tensor | None, red: Any, root: int) -> Any:
         """The lean lane's steps (``lane.py``): the single-phase exchange of each collective,

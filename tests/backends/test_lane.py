@@ -153,6 +153,32 @@ def test_lane_serves_gather_scatter_and_broadcast(module: str, world_size: int) 
         assert res["keys"] == 4 * (1 + 3 + world_size) - 2  # (no AVG for the two integer dtypes)
 
 
+def _medium(rank: int, ws: int, symmetric: bool) -> dict:
+    """A 256 KiB all_reduce (one exchange of the whole tensor since the flat algorithm's bound
+    is the ranks' bytes together) runs on the lane, unless symmetric memory is in use."""
+    import pyc10d as dist
+    from pyc10d.backends import shm
+
+    if not symmetric:  # (this worker may have imported pyc10d.symmetric_memory before)
+        shm.symmetric_allreduce = None
+    else:
+        import pyc10d.symmetric_memory  # noqa: F401 - installs the backend's seam
+    general = _count_general(_engine(dist))
+    wrong = 0
+    for i in range(3):
+        t = torch.arange(65536, dtype=torch.float32) * (rank + 1) + i
+        dist.all_reduce(t)
+        wrong += not torch.equal(t, torch.arange(65536, dtype=torch.float32) * (ws * (ws + 1) / 2) + ws * i)
+    return {"general": general, "wrong": wrong}
+
+
+@pytest.mark.parametrize("symmetric", [False, True], ids=["plain", "symmetric-memory-in-use"])
+def test_medium_all_reduce_on_the_lane(symmetric: bool) -> None:
+    for r in run_ranks("shm", 2, _medium, symmetric):
+        assert r["wrong"] == 0
+        assert r["general"] == ["allreduce"] * (3 if symmetric else 1)
+
+
 def _mixed_paths(rank: int, ws: int) -> list:
     """Rank 0 passes strided views (the general path), the others contiguous tensors (the
     lane): same exchange, same bytes."""
