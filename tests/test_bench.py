@@ -164,6 +164,13 @@ def test_readme_tables_come_from_the_reference_file(tmp_path: Path) -> None:
     readme.write_into(doc, text)
     body = doc.read_text()
     assert body.startswith("intro\n") and body.endswith("rest\n") and "old" not in body and "10.00x" in body
+    assert "mpi" not in text  # no C reference in the run: no column for it
+    # with the C reference: its time, and shm's time over it (an MPI figure marked wrong shows)
+    text = readme.markdown([*records, rec("mpi", 5.0)], "ref.json")
+    assert "| size | n | shm µs | tcp µs | gloo µs | shm / gloo | tcp / gloo | mpi µs | shm t/mpi |" in text, text
+    assert "| 8B | 2 | 20.0 | 400 | 200 | 10.00x | 0.50x (wrong!) | 5.0 | 4.00x |" in text, text
+    text = readme.markdown([*records, rec("mpi", 5.0, ok=False)], "ref.json")
+    assert "| 5.0 | 4.00x (wrong!) |" in text, text
 
 
 @pytest.mark.timeout(60)

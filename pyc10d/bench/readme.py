@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.metrics import format_size
-from pyc10d.bench.report import REFERENCE, collectives, read_json
+from pyc10d.bench.report import C_PEER, REFERENCE, collectives, read_json
 
 BEGIN, END = "<!-- bench-tables:begin -->", "<!-- bench-tables:end -->"
 PYC10D = ("pyc10d-shm", "pyc10d-tcp", "pyc10d-threaded")
+#: Compared with the C reference (Open MPI over its shared-memory transport) when the run has it.
+C_COMPARED = "pyc10d-shm"
 
 
 def _us(x: float) -> str:
@@ -30,7 +32,7 @@ def _ratio(mine: dict[str, Any] | None, ref: dict[str, Any] | None) -> str:
     if not mine or not ref or mine["time_us"] <= 0:
         return "-"
     text = f"{ref['time_us'] / mine['time_us']:.2f}x"
-    return text if mine.get("correct", True) else text + " (wrong!)"
+    return text if mine.get("correct", True) and ref.get("correct", True) else text + " (wrong!)"
 
 
 def markdown(records: list[dict[str, Any]], source: str) -> str:
@@ -42,9 +44,12 @@ def markdown(records: list[dict[str, Any]], source: str) -> str:
     mode = meta.get("mode", "barrier")
     how = ("a loop of K ops back to back / K, max over ranks" if mode == "loop"
            else "each op after a barrier, max over ranks")
+    peer = any(r["backend"] == C_PEER for r in coll) and C_COMPARED in backends
     out = [f"From `{source}` ({meta.get('time', '?')}, {meta.get('cpus', '?')} CPUs, "
            f"{meta.get('platform', '?')}; timing: {how}; each figure the faster of the run's "
-           f"rounds). Ratio = Gloo's time / pyc10d's at the same size (above 1: pyc10d faster)."]
+           f"rounds). Ratio = Gloo's time / pyc10d's at the same size (above 1: pyc10d faster)."
+           + (f" `{C_COMPARED[7:]} t/{C_PEER}` = pyc10d shm's time / Open MPI's (the C reference, "
+              f"mpirun + mpi4py, same loop; below 1: pyc10d faster)." if peer else "")]
     if mem:
         out.append(f"\nMemory bound: a {format_size(mem['bytes'])} torch copy in one process ran at "
                    f"{mem['GBps']:.1f} GB/s during the run.")
@@ -53,6 +58,8 @@ def markdown(records: list[dict[str, Any]], source: str) -> str:
         sizes = sorted({r["bytes"] for r in coll if r["op"] == op})
         header = ["size", "n", *[f"{b[7:]} µs" for b in backends], f"{REFERENCE} µs",
                   *[f"{b[7:]} / gloo" for b in backends]]
+        if peer:
+            header += [f"{C_PEER} µs", f"{C_COMPARED[7:]} t/{C_PEER}"]
         rows = []
         for ws in sorted({r["world_size"] for r in coll if r["op"] == op}):
             for size in sizes:
@@ -60,6 +67,9 @@ def markdown(records: list[dict[str, Any]], source: str) -> str:
                 mine = [by.get((b, op, ws, size)) for b in backends]
                 rows.append([format_size(size), str(ws), *[_us(m["time_us"]) if m else "-" for m in mine],
                              _us(ref["time_us"]) if ref else "-", *[_ratio(m, ref) for m in mine]])
+                if peer:
+                    c, ours = by.get((C_PEER, op, ws, size)), by.get((C_COMPARED, op, ws, size))
+                    rows[-1] += [_us(c["time_us"]) if c else "-", _ratio(c, ours)]
                 for b, m in zip(backends, mine):
                     if m and ref and m["time_us"] > ref["time_us"]:
                         slower.append(f"{b} {op} {format_size(size)} n={ws}: {_ratio(m, ref)}")
