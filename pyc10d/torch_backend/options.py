@@ -32,7 +32,8 @@ from ..types import (
 _TORCH_UNSET = timedelta(milliseconds=-1)  # torch's "no timeout given" (kUnsetTimeout)
 #: torch's reduce op kinds the lean lane serves, to pyc10d's ``ReduceOp`` members
 #: (``backends.lane.LANE_OPS``; PREMUL_SUM carries a factor and takes the general path).
-_LANE_OPS = {getattr(tdist.ReduceOp.RedOpType, t.name): getattr(ReduceOp, t.name)
+#: Keyed by the enum's value: hashing torch's pybind enum costs a microsecond, its value less.
+_LANE_OPS = {getattr(tdist.ReduceOp.RedOpType, t.name).value: getattr(ReduceOp, t.name)
              for t in RedOpType if t not in (RedOpType.PREMUL_SUM, RedOpType.UNUSED)}
 
 
@@ -44,7 +45,7 @@ def lane_ok(opts: Any, cls: type) -> bool:
 
 def lane_op(opts: Any) -> ReduceOp | None:
     """pyc10d's member for the reduce op of torch's ``opts``; None: the lane does not serve it."""
-    return _LANE_OPS.get(opts.reduceOp.op)
+    return _LANE_OPS.get(opts.reduceOp.op.value)
 
 
 def reduce_op(op: Any) -> ReduceOp:
