@@ -278,6 +278,10 @@ def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[t
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: list[int] | None = None) -> Any:
+    if not async_op and not device_ids:
+        lane = _lane(group)
+        if lane is not None and not tracing() and lane.lean_barrier():
+            return None
     pg = group_or_warn(group, "barrier")
     if pg is None:
         return None

@@ -20,7 +20,7 @@ from .allreduce_shm_rsag import allreduce_shm_rsag
 from .alltoall_pairwise import alltoall_pairwise
 from .alltoall_shm_chunked import alltoall_shm_chunked
 from .barrier_direct import barrier_direct
-from .barrier_shm_counter import barrier_shm_counter
+from .barrier_shm_counter import barrier_shm_counter, barrier_shm_step
 from .broadcast_chain import broadcast_chain
 from .broadcast_direct import broadcast_direct
 from .broadcast_scatter_allgather import broadcast_scatter_allgather
@@ -115,4 +115,5 @@ __all__ = [
     "broadcast_shm_chunked", "reduce_scatter_shm_chunked",
     # the lean lane's single-phase steps (``backends/lane.py``)
     "allreduce_shm_flat_step", "allgather_shm_flat_step", "broadcast_shm_flat_step", "reduce_scatter_shm_flat_step",
+    "barrier_shm_step",
 ]

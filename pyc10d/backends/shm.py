@@ -183,13 +183,16 @@ class ShmBackend(Backend):
         which asks it once whether the tensor is one of its own (and reduces it there)."""
         return symmetric_allreduce is not None
 
-    def _lane_step(self, key: tuple, x: torch.Tensor, y: torch.Tensor | None, red: Any, root: int) -> Any:
+    def _lane_step(self, key: tuple, x: torch.Tensor | None, y: torch.Tensor | None, red: Any, root: int) -> Any:
         """The lean lane's steps (``lane.py``): the single-phase exchange of each collective,
         for calls that take it on the general path too (one slot's worth, no widening, not
         complex); False for every other key of the collective."""
         sc = self._sc
         if sc is None or sc.arena is not self._arena:
             return None  # the group's first operation opens the arena
+        if key[0] == "barrier":
+            return algo.barrier_shm_step(sc) if self._size > 1 else False
+        assert x is not None
         n, slot, dtype = self._size, sc.arena.slot_bytes, x.dtype
         if n == 1 or x.numel() == 0 or x.is_complex() or (y is not None and y.dtype != dtype):
             return False

@@ -65,6 +65,8 @@ def markdown(records: list[dict[str, Any]], source: str) -> str:
             for size in sizes:
                 ref = by.get((REFERENCE, op, ws, size))
                 mine = [by.get((b, op, ws, size)) for b in backends]
+                if ref is None and not any(mine):  # a size of another world size's grid
+                    continue
                 rows.append([format_size(size), str(ws), *[_us(m["time_us"]) if m else "-" for m in mine],
                              _us(ref["time_us"]) if ref else "-", *[_ratio(m, ref) for m in mine]])
                 if peer:

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as tdist
 from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions
 from torch._C._distributed_c10d import AllreduceOptions as _AllreduceOptions
+from torch._C._distributed_c10d import BarrierOptions as _BarrierOptions
 from torch._C._distributed_c10d import BroadcastOptions as _BroadcastOptions
 from torch._C._distributed_c10d import ReduceScatterOptions as _ReduceScatterOptions
 from torch._C._distributed_c10d import Work as _TorchWorkBase
@@ -275,6 +276,11 @@ class TorchProcessGroup(tdist.ProcessGroup):
         return TorchWork(self._engine.recv_anysource(_list(tensors), tag))
 
     def barrier(self, opts: Any = None) -> TorchWork:
+        lane = self._lane
+        if lane is not None and opt.lane_ok(opts, _BarrierOptions) and not opts.device_ids:
+            seq = lane.lean_barrier()
+            if seq:
+                return TorchWork(CompletedWork("barrier", [], seq))
         return TorchWork(self._engine.barrier(opt.barrier(opts), _sync=opt.is_sync(opts)))
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:

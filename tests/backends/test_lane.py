@@ -179,6 +179,34 @@ def test_medium_all_reduce_on_the_lane(symmetric: bool) -> None:
         assert r["general"] == ["allreduce"] * (3 if symmetric else 1)
 
 
+def _barriers(rank: int, ws: int, module: str) -> dict:
+    """A barrier on the lane still waits for the last rank: rank 1 comes 0.3 s late to the
+    third of three barriers (the first opens the arena on the general path)."""
+    import importlib
+
+    dist = importlib.import_module(module)
+    dist.barrier()
+    general = _count_general(_engine(dist))
+    waited = []
+    for i in range(2):
+        if rank == 1 and i == 1:
+            time.sleep(0.3)
+        t0 = time.monotonic()
+        dist.barrier()
+        waited.append(time.monotonic() - t0)
+    return {"general": general, "waited": waited, "entry": _engine(dist).recorder.entries()[-1]}
+
+
+@pytest.mark.parametrize("module", ["pyc10d", "torch.distributed"])
+def test_barrier_on_the_lane_waits_for_every_rank(module: str) -> None:
+    backend = "shm" if module == "pyc10d" else "pyc10d_shm"
+    res = run_ranks(backend, 2, _barriers, module, dist_module=module)
+    for r in res:
+        assert r["general"] == []
+        assert r["entry"]["op"] == "barrier" and r["entry"]["state"] == "completed" and r["entry"]["numel"] == 0
+    assert res[0]["waited"][1] > 0.25, res[0]["waited"]
+
+
 def _mixed_paths(rank: int, ws: int) -> list:
     """Rank 0 passes strided views (the general path), the others contiguous tensors (the
     lane): same exchange, same bytes."""
