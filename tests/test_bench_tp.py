@@ -33,8 +33,13 @@ class _Pair:
         self.other, self.x = other, None
 
     def all_reduce(self, t: torch.Tensor) -> None:
-        w1, w2 = self.other.layers[self.layer]
-        t += torch.nn.functional.gelu(self.x @ w1) @ w2
+        w1, w2 = self.other.layers[self.layer]  # (out, in) shards, as nn.Linear keeps them
+        t += _apply(self.x, w1, w2)
+
+
+def _apply(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    linear = torch.nn.functional.linear
+    return linear(torch.nn.functional.gelu(linear(x, w1)), w2)
 
 
 def _run_pair(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -44,7 +49,7 @@ def _run_pair(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     pair = _Pair(one)
     for i, (w1, w2) in enumerate(zero.layers):
         pair.layer, pair.x = i, x
-        part = torch.nn.functional.gelu(x @ w1) @ w2
+        part = _apply(x, w1, w2)
         pair.all_reduce(part)
         x = x + part
     return x

@@ -82,16 +82,22 @@ class _ByHand:
 
         self.dist = dist
         self.layers = []
+        # Shards kept in nn.Linear's (out, in) layout and applied with ``linear``: torch's CPU
+        # bf16 matmul of a (1, k) row by a row-major (k, n) matrix takes a path ~20x slower
+        # than by the transposed view of an (n, k) one (measured: 9.7 vs 0.41 ms at
+        # k=1024, n=2048, one thread), which made the by-hand figures 16x the one process's.
         for block in model:
             cols = block.w1.weight.shape[0] // world
-            w1 = block.w1.weight.detach()[rank * cols:(rank + 1) * cols].t().contiguous()
-            w2 = block.w2.weight.detach()[:, rank * cols:(rank + 1) * cols].t().contiguous()
+            w1 = block.w1.weight.detach()[rank * cols:(rank + 1) * cols].contiguous()
+            w2 = block.w2.weight.detach()[:, rank * cols:(rank + 1) * cols].contiguous()
             self.layers.append((w1, w2))
         self.gelu = torch.nn.functional.gelu
+        self.linear = torch.nn.functional.linear
 
     def __call__(self, x: Any) -> Any:
+        linear = self.linear
         for w1, w2 in self.layers:
-            part = self.gelu(x @ w1) @ w2
+            part = linear(self.gelu(linear(x, w1)), w2)
             self.dist.all_reduce(part)
             x = x + part
         return x
