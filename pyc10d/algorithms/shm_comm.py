@@ -109,15 +109,16 @@ def open_phase(arena: Arena, head: int, nbytes: int, deadline: float, timeout: f
     arena.timeout = timeout
     c = arena.phase + 1
     if arena.known < c - 1:
-        arena.wait_all(c - 1, deadline, op)
+        arena.wait_all(c - 1, deadline, op, arena.caller_spin_s)
     arena.set_descriptor(c, head, nbytes)
     return c
 
 
 def close_phase(arena: Arena, c: int, deadline: float, op: str) -> None:
-    """Post phase ``c``, wait for every rank's, and check their descriptors agree."""
+    """Post phase ``c``, wait for every rank's (spinning as long as a blocked caller may,
+    ``Arena.caller_spin_s``), and check their descriptors agree."""
     arena.post(c)
-    arena.wait_all(c, deadline, op)
+    arena.wait_all(c, deadline, op, arena.caller_spin_s)
     p = arena.disagreeing(c, True)
     if p >= 0:
         raise disagreement(arena, p, c, op)
