@@ -1,0 +1,76 @@
+"""How a rank waits in the shm arena: the spin policy, and a blocked caller's longer spin.
+
+A caller blocked in a lean-lane step (``close_phase``) spins up to ``caller_spin`` before it
+sleeps on the futex; a progress thread keeps the ordinary spin. Measured in the docstring of
+``caller_spin``: the sleep and wake-up cost tens of microseconds at every skew between ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from pyc10d.transport import shm_arena
+from pyc10d.transport.shm_arena import Arena, caller_spin, default_spin
+from pyc10d.transport.shm_segment import PeerWatch, Segment, new_name
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_spin_policy_follows_the_cpus_and_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    for var in ("PYC10D_SHM_SPIN_US", "PYC10D_SHM_YIELD", "PYC10D_SHM_CALLER_SPIN_US"):
+        monkeypatch.delenv(var, raising=False)
+    assert default_spin(2) == (pytest.approx(50e-6), False) and caller_spin(2) == pytest.approx(1e-3)
+    # more ranks than CPUs: the caller spins no longer than anyone (its core is wanted)
+    assert default_spin(4) == (pytest.approx(200e-6), True) and caller_spin(4) == pytest.approx(200e-6)
+    monkeypatch.setenv("PYC10D_SHM_CALLER_SPIN_US", "300")
+    assert caller_spin(2) == pytest.approx(300e-6)
+    monkeypatch.setenv("PYC10D_SHM_YIELD", "1")
+    assert caller_spin(2) == default_spin(2)[0]
+
+
+def _arena_pair() -> tuple[Segment, Arena]:
+    """Rank 0's handle on a 2-rank arena whose rank 1 is a forked child of this process."""
+    seg = Segment(new_name("t"), Arena.nbytes(2, 4096), create=True)
+    watch = PeerWatch([os.getpid(), os.getpid()], 0)
+    return seg, Arena(seg, 0, 2, 4096, watch, [0, 1])
+
+
+@pytest.mark.parametrize("caller", [True, False], ids=["caller-spin", "ordinary-spin"])
+def test_a_blocked_caller_spins_through_a_short_skew(caller: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 posts phase 1 some 0.3 ms after rank 0 starts waiting: a caller's wait (1 ms
+    spin) never sleeps on the futex; the ordinary 50 us spin does."""
+    seg, arena = _arena_pair()
+    sleeps = []
+    real_wait = shm_arena.futex.wait
+    monkeypatch.setattr(shm_arena.futex, "wait", lambda *a: (sleeps.append(a), real_wait(*a)))
+    arena.spin_s, arena.caller_spin_s = 50e-6, 1e-3
+    try:
+        rounds = 20
+        pid = os.fork()
+        if pid == 0:  # rank 1: post phases 1..rounds, each ~0.3 ms after rank 0 posted its own
+            try:
+                peer = Arena(seg, 1, 2, 4096, PeerWatch([os.getppid(), os.getpid()], 1), [0, 1])
+                for c in range(1, rounds + 1):
+                    peer.wait(0, c, time.monotonic() + 10, "test")
+                    end = time.perf_counter() + 300e-6
+                    while time.perf_counter() < end:
+                        pass
+                    peer.post(c)
+            finally:
+                os._exit(0)
+        for c in range(1, rounds + 1):
+            arena.post(c)
+            arena.wait_all(c, time.monotonic() + 10, "test", arena.caller_spin_s if caller else None)
+        _, status = os.waitpid(pid, 0)
+        assert status == 0
+    finally:
+        arena.close()
+        seg.unlink()
+    if caller:  # (a loaded machine may deschedule the child past 1 ms now and then)
+        assert len(sleeps) <= rounds // 3, f"{len(sleeps)} futex sleeps in {rounds} short waits"
+    else:
+        assert len(sleeps) >= rounds // 2, f"only {len(sleeps)} futex sleeps in {rounds} 0.3 ms waits"
