@@ -18,7 +18,7 @@ from .allreduce_ring import allreduce_ring
 from .allreduce_shm_flat import allreduce_shm_flat, allreduce_shm_flat_step
 from .allreduce_shm_rsag import allreduce_shm_rsag
 from .alltoall_pairwise import alltoall_pairwise
-from .alltoall_shm_chunked import alltoall_shm_chunked
+from .alltoall_shm_chunked import alltoall_shm_chunked, alltoall_shm_even_step
 from .barrier_direct import barrier_direct
 from .barrier_shm_counter import barrier_shm_counter, barrier_shm_step
 from .broadcast_chain import broadcast_chain
@@ -115,5 +115,5 @@ __all__ = [
     "broadcast_shm_chunked", "reduce_scatter_shm_chunked",
     # the lean lane's single-phase steps (``backends/lane.py``)
     "allreduce_shm_flat_step", "allgather_shm_flat_step", "broadcast_shm_flat_step", "reduce_scatter_shm_flat_step",
-    "barrier_shm_step",
+    "barrier_shm_step", "alltoall_shm_even_step",
 ]

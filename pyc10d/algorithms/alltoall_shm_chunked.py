@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import DistBackendError
-from .shm_comm import ShmComm
+from .shm_comm import ALIGN_BYTES, ShmComm, close_phase, descriptor_head, open_phase
 
 
 def alltoall_shm_chunked(comm: ShmComm, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
@@ -70,3 +70,44 @@ def _check_sizes(comm: ShmComm, c: int, outs: list[torch.Tensor]) -> int:
                 f"{outs[p].numel()} (split sizes or shapes differ between ranks)"
             )
     return max(max(row) for row in sizes)
+
+
+def alltoall_shm_even_step(comm: ShmComm, dtype: torch.dtype, k: int):  # noqa: ANN201
+    """``alltoall_shm_chunked`` for this rank's even split (``k`` elements to and from every
+    rank, ``k`` at most one piece), made once for the lean lane (``backends/lane.py``):
+    ``step(out, inp, deadline, timeout)`` with ``out`` and ``inp`` contiguous, n·k elements.
+
+    Same phase, descriptor, meta row and slot pieces as the function above; its own block
+    goes through its slot too (one strided copy in, one out). Ranks that send some peer more
+    than a piece make everyone run more phases (the meta table says how many): this rank has
+    nothing left to move in them, so it posts and waits through them, as the general
+    algorithm does with empty copies.
+    """
+    arena = comm.arena
+    n, r = arena.size, arena.rank
+    align = max(1, ALIGN_BYTES // dtype.itemsize)
+    piece = max(align, arena.slot_bytes // dtype.itemsize // n // align * align)
+    head = descriptor_head("alltoall", dtype)
+    sizes = [k] * n
+    mine = [arena.slots(p, dtype)[r, :n * piece].view(n, piece)[:, :k] for p in (0, 1)]
+    theirs = [arena.slots(p, dtype)[:, r * piece:r * piece + k] for p in (0, 1)]
+    op = "alltoall_base"
+
+    def step(out: torch.Tensor, inp: torch.Tensor, deadline: float, timeout: float) -> None:
+        c = open_phase(arena, head, 0, deadline, timeout, op)
+        arena.set_meta(c, sizes)
+        mine[c & 1].copy_(inp.view(n, k))
+        close_phase(arena, c, deadline, op)
+        table = arena.meta(c)
+        for p, row in enumerate(table):
+            if p != r and row[r] != k:
+                raise DistBackendError(
+                    f"{op}: rank {arena.members[p]} sends {row[r]} elements to rank {arena.members[r]}, "
+                    f"which expects {k} (split sizes or shapes differ between ranks)")
+        out.view(n, k).copy_(theirs[c & 1])
+        for _ in range(max(1, -(-max(max(row) for row in table) // piece)) - 1):
+            c = arena.next_phase(deadline, op)
+            arena.post(c)
+            arena.wait_all(c, deadline, op, arena.caller_spin_s)
+
+    return step

@@ -1,6 +1,6 @@
 """The lean lane: a synchronous collective that repeats an earlier call's shape, without the
 general path's layers (all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast,
-barrier).
+all_to_all_single split evenly, barrier).
 
 An 8-byte all_reduce through the general path (``ops.allreduce`` -> ``_submit`` -> ``_run`` ->
 the backend -> ``select_shm`` -> the algorithm -> ``ShmComm`` -> the arena) made 94 Python
@@ -131,6 +131,13 @@ class LaneOps(Engine):
         if not _plain(t) or not 0 <= root < self._size:
             return 0  # (a root out of range: the general path says so)
         return self._lane(("broadcast", root, t.dtype, t.numel()), "broadcast", t, None, None, root)
+
+    def lean_alltoall(self, out: torch.Tensor, inp: torch.Tensor) -> int:
+        """all_to_all_single of ``inp`` into ``out``, split evenly (no split sizes given)."""
+        if not (_plain(out) and _plain(inp)):
+            return 0
+        return self._lane(("alltoall", out.dtype, inp.dtype, out.shape, inp.shape), "alltoall_base", out, inp,
+                          None, -1)
 
     def lean_barrier(self) -> int:
         """barrier."""

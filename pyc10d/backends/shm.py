@@ -213,6 +213,12 @@ class ShmBackend(Backend):
             k = y.numel()
             fits = x.numel() == k * n and k <= max(align, elems // align * align)
             return algo.allgather_shm_flat_step(sc, dtype, k) if fits else False
+        if kind == "alltoall":  # even split by dim 0: k elements to and from every rank
+            k = y.numel() // n
+            piece = max(align, elems // n // align * align)
+            fits = (x.dim() and y.dim() and x.shape[0] % n == 0 and y.shape[0] % n == 0
+                    and x.numel() == y.numel() and k <= piece)
+            return algo.alltoall_shm_even_step(sc, dtype, k) if fits else False
         if kind == "reduce_scatter":
             k = x.numel()
             fits = y.numel() == k * n and k <= max(align, elems // n // align * align)

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as tdist
 from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions
 from torch._C._distributed_c10d import AllreduceOptions as _AllreduceOptions
+from torch._C._distributed_c10d import AllToAllOptions as _AllToAllOptions
 from torch._C._distributed_c10d import BarrierOptions as _BarrierOptions
 from torch._C._distributed_c10d import BroadcastOptions as _BroadcastOptions
 from torch._C._distributed_c10d import ReduceScatterOptions as _ReduceScatterOptions
@@ -243,6 +244,12 @@ class TorchProcessGroup(tdist.ProcessGroup):
         self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int] | None,
         input_split_sizes: list[int] | None, opts: Any = None,
     ) -> TorchWork:
+        lane = self._lane
+        if (lane is not None and not output_split_sizes and not input_split_sizes
+                and opt.lane_ok(opts, _AllToAllOptions)):
+            seq = lane.lean_alltoall(output, input)
+            if seq:
+                return TorchWork(CompletedWork("alltoall_base", [output], seq))
         o = opt.alltoall(opts)
         work = self._engine.alltoall_base(
             output, input, list(output_split_sizes or []), list(input_split_sizes or []), o,

@@ -207,6 +207,54 @@ def test_barrier_on_the_lane_waits_for_every_rank(module: str) -> None:
     assert res[0]["waited"][1] > 0.25, res[0]["waited"]
 
 
+def _alltoall(rank: int, ws: int, module: str) -> dict:
+    """all_to_all_single split evenly, on the lane from the second call; then a call where
+    rank 0 sends uneven blocks (general path) to ranks on the lane, and a large one that takes
+    several phases on the general path while a rank with small blocks rides along on the lane."""
+    import importlib
+
+    dist = importlib.import_module(module)
+    engine = _engine(dist)
+    dist.barrier()  # opens the arena
+    general = _count_general(engine)
+    wrong = []
+    for i in range(3):
+        for dtype, k in ((torch.float32, 3), (torch.int64, 1), (torch.bfloat16, 17)):
+            inp = (torch.arange(ws * k) + 100 * rank + i).to(dtype).reshape(ws, k)
+            out = torch.full((ws, k), 99).to(dtype)
+            dist.all_to_all_single(out, inp)
+            want = torch.stack([(torch.arange(ws * k) + 100 * p + i).to(dtype).reshape(ws, k)[rank] for p in range(ws)])
+            if not torch.equal(out, want):
+                wrong.append(f"{dtype} k={k} #{i}: {out} != {want}")
+    lane_calls = len(general)
+    # rank 0 sends rank 1 200,000 elements (more than a slot's piece: the exchange takes
+    # several phases) and every other block is 1 element: ranks 0 and 1 give split sizes
+    # (general path); rank 2, whose split is even, gives none and rides along on the lane
+    big = 200_000
+    send = [big if (rank == 0 and q == 1) else 1 for q in range(ws)]
+    recv = [big if (p == 0 and rank == 1) else 1 for p in range(ws)]
+    inp = torch.cat([torch.full((s,), float(10 * rank + q)) for q, s in enumerate(send)])
+    out = torch.full((sum(recv),), -1.0)
+    if rank >= 2:
+        dist.all_to_all_single(out, inp)
+    else:
+        dist.all_to_all_single(out, inp, recv, send)
+    want = torch.cat([torch.full((s,), float(10 * p + rank)) for p, s in enumerate(recv)])
+    if not torch.equal(out, want):
+        wrong.append(f"uneven: {out[:8]} != {want[:8]}")
+    return {"general": general, "lane_calls": lane_calls, "wrong": wrong}
+
+
+@pytest.mark.parametrize("module,world_size", [("pyc10d", 2), ("pyc10d", 3), ("torch.distributed", 2)])
+def test_all_to_all_single_on_the_lane(module: str, world_size: int) -> None:
+    backend = "shm" if module == "pyc10d" else "pyc10d_shm"
+    for rank, res in enumerate(run_ranks(backend, world_size, _alltoall, module, dist_module=module)):
+        assert res["wrong"] == []
+        assert res["lane_calls"] == 0  # every even call ran on the lane
+        # the uneven call: on the general path where split sizes were given
+        assert res["general"] == ([] if rank >= 2 else ["alltoall_base"])
+
+
 def _mixed_paths(rank: int, ws: int) -> list:
     """Rank 0 passes strided views (the general path), the others contiguous tensors (the
     lane): same exchange, same bytes."""
