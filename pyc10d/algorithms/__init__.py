@@ -33,7 +33,7 @@ from .reduce_scatter_direct import reduce_scatter_direct
 from .reduce_scatter_ring import reduce_scatter_ring
 from .reduce_scatter_shm_chunked import reduce_scatter_shm_chunked, reduce_scatter_shm_flat_step
 from .scatter_direct import scatter_direct
-from .shm_comm import ALIGN_BYTES, ShmComm
+from .shm_comm import ShmComm
 
 # Below these sizes (bytes per rank) one flat round beats the 2(n-1) steps of a ring.
 SMALL_ALLREDUCE = 256 * 1024
@@ -110,7 +110,7 @@ __all__ = [
     "alltoall_pairwise", "barrier_direct", "broadcast_chain", "broadcast_direct",
     "broadcast_scatter_allgather",
     "gather_direct", "reduce_direct", "reduce_ring", "reduce_scatter_direct",
-    "reduce_scatter_ring", "scatter_direct", "ShmComm", "ALIGN_BYTES", "select_shm", "allgather_shm_chunked",
+    "reduce_scatter_ring", "scatter_direct", "ShmComm", "select_shm", "allgather_shm_chunked",
     "allreduce_shm_flat", "allreduce_shm_rsag", "alltoall_shm_chunked", "barrier_shm_counter",
     "broadcast_shm_chunked", "reduce_scatter_shm_chunked",
     # the lean lane's single-phase steps (``backends/lane.py``)

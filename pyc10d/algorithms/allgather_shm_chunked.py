@@ -17,8 +17,7 @@ from .shm_comm import ShmComm, close_phase, descriptor_head, nbytes_of, open_pha
 def allgather_shm_chunked(comm: ShmComm, inp: torch.Tensor, out: torch.Tensor) -> None:
     """``inp``: this rank's (k,) part; ``out``: the (n, k) result."""
     k = inp.numel()
-    align = comm.align(inp.dtype)
-    chunk = max(align, comm.elems(inp.dtype) // align * align)
+    chunk = _chunk(comm, inp.dtype)
     m = max(1, -(-k // chunk))
 
     def copy_out(c: int, j: int) -> None:  # every row, this rank's too: one strided copy
@@ -39,10 +38,19 @@ def allgather_shm_chunked(comm: ShmComm, inp: torch.Tensor, out: torch.Tensor) -
     copy_out(c, m - 1)
 
 
+def _chunk(comm: ShmComm, dtype: torch.dtype) -> int:
+    """Elements of one rank's part that one phase carries (a slot, cache-line aligned)."""
+    align = comm.align(dtype)
+    return max(align, comm.elems(dtype) // align * align)
+
+
 def allgather_shm_flat_step(comm: ShmComm, dtype: torch.dtype, k: int):  # noqa: ANN201
-    """``allgather_shm_chunked`` in one chunk (``k`` elements of ``dtype`` fit a slot), made
-    once for the lean lane (``backends/lane.py``): ``step(out, inp, deadline, timeout)`` with
-    ``out`` (n·k,) and ``inp`` (k,), both contiguous. Same phase, descriptor and copies."""
+    """``allgather_shm_chunked`` in one chunk, made once for the lean lane
+    (``backends/lane.py``): ``step(out, inp, deadline, timeout)`` with ``out`` (n·k,) and
+    ``inp`` (k,), both contiguous. Same phase, descriptor and copies. False when ``k``
+    elements do not fit one phase."""
+    if k > _chunk(comm, dtype):
+        return False
     arena = comm.arena
     rank, n = arena.rank, arena.size
     nbytes = k * dtype.itemsize

@@ -13,7 +13,15 @@ import torch
 
 from ..types import RedOpType, ReduceOp
 from .reduce_ops import kernel
-from .shm_comm import ShmComm, close_phase, descriptor_head, nbytes_of, open_phase, reduce_many
+from .shm_comm import (
+    ShmComm,
+    close_phase,
+    descriptor_head,
+    nbytes_of,
+    open_phase,
+    reduce_many,
+    reduce_rows,
+)
 
 
 def allreduce_shm_flat(comm: ShmComm, t: torch.Tensor, op: ReduceOp, root: int | None = None,
@@ -52,9 +60,7 @@ def allreduce_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype, sha
         out = t.view(-1) if reshape else t
         r[rank].copy_(out)
         close_phase(arena, c, deadline, "allreduce")
-        fn(r[0], r[1], out=out)
-        for x in r[2:]:
-            fn(out, x, out=out)
+        reduce_rows(fn, out, r)
         if avg:
             out.div_(n)
 

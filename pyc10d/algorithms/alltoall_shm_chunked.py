@@ -18,14 +18,15 @@ from __future__ import annotations
 import torch
 
 from ..errors import DistBackendError
-from .shm_comm import ALIGN_BYTES, ShmComm, close_phase, descriptor_head, open_phase
+from ..transport.shm_arena import Arena
+from .reduce_scatter_shm_chunked import block_piece
+from .shm_comm import ShmComm, close_phase, descriptor_head, open_phase
 
 
 def alltoall_shm_chunked(comm: ShmComm, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
     n, r = comm.size, comm.rank
     dtype = outs[0].dtype
-    align = comm.align(dtype)
-    piece = max(align, comm.elems(dtype) // n // align * align)
+    piece = block_piece(comm, dtype)
 
     def copy_out(c: int, j: int) -> None:
         lo = j * piece
@@ -53,29 +54,31 @@ def alltoall_shm_chunked(comm: ShmComm, ins: list[torch.Tensor], outs: list[torc
         comm.post(c)
         comm.wait_all(c)
         if s == 0:
-            m = max(1, -(-_check_sizes(comm, c, outs) // piece))
+            m = max(1, -(-_check_sizes(comm.arena, c, [t.numel() for t in outs], comm.op) // piece))
         s += 1
     copy_out(c, m - 1)
 
 
-def _check_sizes(comm: ShmComm, c: int, outs: list[torch.Tensor]) -> int:
-    """Raise if a peer sends this rank a block of another size; return the largest block."""
-    sizes = comm.meta(c)
-    r = comm.rank
+def _check_sizes(arena: Arena, c: int, expect: list[int], op: str) -> int:
+    """Raise if a peer sends this rank a block of another size than ``expect[peer]``; return
+    the largest block any rank sends (every rank's number of rounds)."""
+    sizes = arena.meta(c)
+    r = arena.rank
     for p, row in enumerate(sizes):
-        if p != r and row[r] != outs[p].numel():
-            a = comm.arena.members
+        if p != r and row[r] != expect[p]:
+            a = arena.members
             raise DistBackendError(
-                f"{comm.op}: rank {a[p]} sends {row[r]} elements to rank {a[r]}, which expects "
-                f"{outs[p].numel()} (split sizes or shapes differ between ranks)"
+                f"{op}: rank {a[p]} sends {row[r]} elements to rank {a[r]}, which expects "
+                f"{expect[p]} (split sizes or shapes differ between ranks)"
             )
     return max(max(row) for row in sizes)
 
 
 def alltoall_shm_even_step(comm: ShmComm, dtype: torch.dtype, k: int):  # noqa: ANN201
     """``alltoall_shm_chunked`` for this rank's even split (``k`` elements to and from every
-    rank, ``k`` at most one piece), made once for the lean lane (``backends/lane.py``):
-    ``step(out, inp, deadline, timeout)`` with ``out`` and ``inp`` contiguous, n·k elements.
+    rank), made once for the lean lane (``backends/lane.py``): ``step(out, inp, deadline,
+    timeout)`` with ``out`` and ``inp`` contiguous, n·k elements. False when ``k`` elements
+    do not fit one piece of a slot.
 
     Same phase, descriptor, meta row and slot pieces as the function above; its own block
     goes through its slot too (one strided copy in, one out). Ranks that send some peer more
@@ -83,10 +86,11 @@ def alltoall_shm_even_step(comm: ShmComm, dtype: torch.dtype, k: int):  # noqa: 
     nothing left to move in them, so it posts and waits through them, as the general
     algorithm does with empty copies.
     """
+    piece = block_piece(comm, dtype)
+    if k > piece:
+        return False
     arena = comm.arena
     n, r = arena.size, arena.rank
-    align = max(1, ALIGN_BYTES // dtype.itemsize)
-    piece = max(align, arena.slot_bytes // dtype.itemsize // n // align * align)
     head = descriptor_head("alltoall", dtype)
     sizes = [k] * n
     mine = [arena.slots(p, dtype)[r, :n * piece].view(n, piece)[:, :k] for p in (0, 1)]
@@ -98,14 +102,9 @@ def alltoall_shm_even_step(comm: ShmComm, dtype: torch.dtype, k: int):  # noqa: 
         arena.set_meta(c, sizes)
         mine[c & 1].copy_(inp.view(n, k))
         close_phase(arena, c, deadline, op)
-        table = arena.meta(c)
-        for p, row in enumerate(table):
-            if p != r and row[r] != k:
-                raise DistBackendError(
-                    f"{op}: rank {arena.members[p]} sends {row[r]} elements to rank {arena.members[r]}, "
-                    f"which expects {k} (split sizes or shapes differ between ranks)")
+        largest = _check_sizes(arena, c, sizes, op)
         out.view(n, k).copy_(theirs[c & 1])
-        for _ in range(max(1, -(-max(max(row) for row in table) // piece)) - 1):
+        for _ in range(max(1, -(-largest // piece)) - 1):
             c = arena.next_phase(deadline, op)
             arena.post(c)
             arena.wait_all(c, deadline, op, arena.caller_spin_s)

@@ -16,7 +16,7 @@ from .shm_comm import ShmComm, close_phase, descriptor_head, nbytes_of, open_pha
 
 def broadcast_shm_chunked(comm: ShmComm, t: torch.Tensor, root: int) -> None:
     numel = t.numel()
-    chunk = comm.elems(t.dtype) * comm.size
+    chunk = _chunk(comm, t.dtype)
     m = max(1, -(-numel // chunk))
     is_root = comm.rank == root
 
@@ -41,10 +41,17 @@ def broadcast_shm_chunked(comm: ShmComm, t: torch.Tensor, root: int) -> None:
         copy_out(c, m - 1)
 
 
+def _chunk(comm: ShmComm, dtype: torch.dtype) -> int:
+    """Elements one phase carries: the n slots of its parity (nobody else writes)."""
+    return comm.elems(dtype) * comm.size
+
+
 def broadcast_shm_flat_step(comm: ShmComm, dtype: torch.dtype, numel: int, root: int):  # noqa: ANN201
-    """``broadcast_shm_chunked`` in one chunk (``numel`` elements fit the phase's n slots),
-    made once for the lean lane (``backends/lane.py``): ``step(t, None, deadline, timeout)``
-    with ``t`` contiguous. Same phase, descriptor and copies."""
+    """``broadcast_shm_chunked`` in one chunk, made once for the lean lane
+    (``backends/lane.py``): ``step(t, None, deadline, timeout)`` with ``t`` contiguous. Same
+    phase, descriptor and copies. False when ``numel`` elements do not fit one phase."""
+    if numel > _chunk(comm, dtype):
+        return False
     arena = comm.arena
     nbytes = numel * dtype.itemsize
     head = descriptor_head("broadcast", dtype, None, root)

@@ -16,14 +16,21 @@ import torch
 
 from ..types import RedOpType, ReduceOp
 from .reduce_ops import kernel
-from .shm_comm import ShmComm, close_phase, descriptor_head, nbytes_of, open_phase, reduce_many
+from .shm_comm import (
+    ShmComm,
+    close_phase,
+    descriptor_head,
+    nbytes_of,
+    open_phase,
+    reduce_many,
+    reduce_rows,
+)
 
 
 def reduce_scatter_shm_chunked(comm: ShmComm, blocks: torch.Tensor, out: torch.Tensor, op: ReduceOp) -> None:
     """``blocks``: the (n, k) input; ``out``: the (k,) output of this rank."""
     n, r, k = comm.size, comm.rank, out.numel()
-    align = comm.align(out.dtype)
-    piece = max(align, comm.elems(out.dtype) // n // align * align)
+    piece = block_piece(comm, out.dtype)
     m = max(1, -(-k // piece))
 
     def span(j: int) -> tuple[int, int]:
@@ -57,11 +64,21 @@ def reduce_scatter_shm_chunked(comm: ShmComm, blocks: torch.Tensor, out: torch.T
     red(c, m - 1)
 
 
+def block_piece(comm: ShmComm, dtype: torch.dtype) -> int:
+    """Elements of each of the n blocks one phase carries in a rank's slot (cache-line
+    aligned): the chunk of reduce_scatter, and of all_to_all."""
+    align = comm.align(dtype)
+    return max(align, comm.elems(dtype) // comm.size // align * align)
+
+
 def reduce_scatter_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype, k: int):  # noqa: ANN201
-    """``reduce_scatter_shm_chunked`` in one chunk (n pieces of ``k`` elements fit a slot),
-    made once for the lean lane (``backends/lane.py``): ``step(out, inp, deadline, timeout)``
-    with ``out`` (k,) and ``inp`` (n·k,), both contiguous. Same phase, descriptor, copy and
-    reduction order (every rank's piece, rank order); AVG divides as ``finish`` does."""
+    """``reduce_scatter_shm_chunked`` in one chunk, made once for the lean lane
+    (``backends/lane.py``): ``step(out, inp, deadline, timeout)`` with ``out`` (k,) and
+    ``inp`` (n·k,), both contiguous. Same phase, descriptor, copy and reduction order (every
+    rank's piece, rank order); AVG divides as ``finish`` does. False when n pieces of ``k``
+    elements do not fit one phase."""
+    if k > block_piece(comm, dtype):
+        return False
     arena = comm.arena
     rank, n = arena.rank, arena.size
     nbytes = n * k * dtype.itemsize
@@ -75,11 +92,8 @@ def reduce_scatter_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype
         c = open_phase(arena, head, nbytes, deadline, timeout, "reduce_scatter_tensor")
         mine[c & 1].copy_(inp.view(n, k))
         close_phase(arena, c, deadline, "reduce_scatter_tensor")
-        xs = pieces[c & 1]
         o = out.view(-1)
-        fn(xs[0], xs[1], out=o)
-        for x in xs[2:]:
-            fn(o, x, out=o)
+        reduce_rows(fn, o, pieces[c & 1])
         if avg:
             o.div_(n)
 

@@ -18,7 +18,7 @@ from ..transport.shm_arena import Arena
 from ..types import RedOpType, ReduceOp
 from . import profiling
 from .comm import dtype_code, dtype_name
-from .reduce_ops import reduce_into, reduce_pair
+from .reduce_ops import kernel
 
 OPCODES = {"allreduce": 1, "reduce": 2, "broadcast": 3, "allgather": 4, "reduce_scatter": 5,
            "alltoall": 6, "barrier": 7, "allreduce_symmetric": 8}
@@ -166,9 +166,15 @@ def reduce_many(out: torch.Tensor, xs: list[torch.Tensor], op: ReduceOp) -> None
         if out.data_ptr() != xs[0].data_ptr():
             out.copy_(xs[0])
         return
-    reduce_pair(out, xs[0], xs[1], op)
+    reduce_rows(kernel(op, out.dtype), out, xs)
+
+
+def reduce_rows(fn, out: torch.Tensor, xs: list[torch.Tensor]) -> None:  # noqa: ANN001 - a torch kernel
+    """``out = xs[0] fn xs[1] fn ...`` with the kernel ``fn`` (``reduce_ops.kernel``), left to
+    right: the one order every reader uses (``reduce_many`` and the lean lane's steps)."""
+    fn(xs[0], xs[1], out=out)
     for x in xs[2:]:
-        reduce_into(out, x, op)
+        fn(out, x, out=out)
 
 
 def nbytes_of(t: torch.Tensor) -> int:

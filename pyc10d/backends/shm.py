@@ -201,28 +201,23 @@ class ShmBackend(Backend):
                 return False  # widened on the wire
         except DistInputError:
             return False  # refused: the general path says why, every call
-        kind, elems, align = key[0], slot // dtype.itemsize, max(1, algo.ALIGN_BYTES // dtype.itemsize)
+        kind = key[0]
         if kind == "allreduce":
             if algo.select_shm("allreduce", n, x.numel() * dtype.itemsize, slot) is not algo.allreduce_shm_flat:
                 return False
             return algo.allreduce_shm_flat_step(sc, red, dtype, x.shape)
         if kind == "broadcast":
-            return algo.broadcast_shm_flat_step(sc, dtype, x.numel(), root) if x.numel() <= elems * n else False
+            return algo.broadcast_shm_flat_step(sc, dtype, x.numel(), root)
         assert y is not None
         if kind == "allgather":
             k = y.numel()
-            fits = x.numel() == k * n and k <= max(align, elems // align * align)
-            return algo.allgather_shm_flat_step(sc, dtype, k) if fits else False
-        if kind == "alltoall":  # even split by dim 0: k elements to and from every rank
-            k = y.numel() // n
-            piece = max(align, elems // n // align * align)
-            fits = (x.dim() and y.dim() and x.shape[0] % n == 0 and y.shape[0] % n == 0
-                    and x.numel() == y.numel() and k <= piece)
-            return algo.alltoall_shm_even_step(sc, dtype, k) if fits else False
+            return algo.allgather_shm_flat_step(sc, dtype, k) if x.numel() == k * n else False
         if kind == "reduce_scatter":
             k = x.numel()
-            fits = y.numel() == k * n and k <= max(align, elems // n // align * align)
-            return algo.reduce_scatter_shm_flat_step(sc, red, dtype, k) if fits else False
+            return algo.reduce_scatter_shm_flat_step(sc, red, dtype, k) if y.numel() == k * n else False
+        if kind == "alltoall":  # even split by dim 0: k elements to and from every rank
+            even = x.dim() and y.dim() and x.shape[0] % n == 0 and y.shape[0] % n == 0 and x.numel() == y.numel()
+            return algo.alltoall_shm_even_step(sc, dtype, y.numel() // n) if even else False
         return False
 
     def _gather_into(self, comm: algo.Comm, out: torch.Tensor, inp: torch.Tensor) -> None:
