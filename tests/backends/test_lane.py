@@ -338,9 +338,10 @@ def test_lane_ranks_that_disagree_fail_naming_both() -> None:
         assert "unusable after an earlier failure" in r["after"]
 
 
-def _late_peer(rank: int, ws: int) -> dict:
-    import pyc10d as dist
+def _late_peer(rank: int, ws: int, module: str) -> dict:
+    import importlib
 
+    dist = importlib.import_module(module)
     t = torch.ones(2)
     for _ in range(3):
         dist.all_reduce(t)
@@ -353,16 +354,22 @@ def _late_peer(rank: int, ws: int) -> dict:
         dist.all_reduce(t)
     except Exception as e:  # noqa: BLE001
         error = f"{type(e).__name__}: {e}"
+        torch_type = isinstance(e, torch.distributed.DistBackendError)
     else:
-        error = "no error"
+        error, torch_type = "no error", False
     took = time.monotonic() - t0
     entries = _engine(dist).recorder.entries()
-    return {"error": error, "took": took, "general": general, "last": entries[-1], "before": entries[-2]}
+    return {"error": error, "took": took, "general": general, "last": entries[-1], "before": entries[-2],
+            "torch_type": torch_type}
 
 
-def test_lane_timeout_is_named_and_recorded() -> None:
-    r = run_ranks("shm", 2, _late_peer, pg_timeout=1.5)[0]
+@pytest.mark.parametrize("module", ["pyc10d", "torch.distributed"])
+def test_lane_timeout_is_named_and_recorded(module: str) -> None:
+    backend = "shm" if module == "pyc10d" else "pyc10d_shm"
+    r = run_ranks(backend, 2, _late_peer, module, dist_module=module, pg_timeout=1.5)[0]
     assert r["general"] == []
+    # through the plugin: the same error, also torch's type (as the general path raises it)
+    assert r["torch_type"] == (module == "torch.distributed")
     assert r["error"].startswith("DistTimeoutError: allreduce #4 in group"), r["error"]
     assert "Timed out" in r["error"] and "rank 1" in r["error"]
     assert 1.2 < r["took"] < 4.0
@@ -370,9 +377,10 @@ def test_lane_timeout_is_named_and_recorded() -> None:
     assert r["before"]["state"] == "completed" and r["before"]["numel"] == 2 and r["before"]["dtype"] == "float32"
 
 
-def _dead_peer(rank: int, ws: int) -> str:
-    import pyc10d as dist
+def _dead_peer(rank: int, ws: int, module: str) -> str:
+    import importlib
 
+    dist = importlib.import_module(module)
     t = torch.ones(2)
     for _ in range(3):
         dist.all_reduce(t)
@@ -382,16 +390,20 @@ def _dead_peer(rank: int, ws: int) -> str:
     try:
         dist.all_reduce(t)
     except Exception as e:  # noqa: BLE001
-        return f"{time.monotonic() - t0:.2f} {type(e).__name__}: {e}"
+        torch_type = "torch" if isinstance(e, torch.distributed.DistBackendError) else "pyc10d"
+        return f"{time.monotonic() - t0:.2f} {torch_type} {type(e).__name__}: {e}"
     return "no error"
 
 
-def test_lane_names_a_dead_peer_within_a_second() -> None:
-    res = run_ranks("shm", 2, _dead_peer, pg_timeout=20, may_exit=(1,))
+@pytest.mark.parametrize("module", ["pyc10d", "torch.distributed"])
+def test_lane_names_a_dead_peer_within_a_second(module: str) -> None:
+    backend = "shm" if module == "pyc10d" else "pyc10d_shm"
+    res = run_ranks(backend, 2, _dead_peer, module, dist_module=module, pg_timeout=20, may_exit=(1,))
     assert exited(res[1])
-    took, text = res[0].split(" ", 1)
+    took, kind, text = res[0].split(" ", 2)
     assert float(took) < 1.5, res[0]
     assert text.startswith("DistNetworkError: allreduce #4 in group") and "rank 1" in text, text
+    assert kind == ("torch" if module == "torch.distributed" else "pyc10d")
 
 
 def _profiled(rank: int, ws: int) -> list[str]:
