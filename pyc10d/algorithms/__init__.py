@@ -74,12 +74,13 @@ def select(collective: str, world_size: int, nbytes: int):  # noqa: ANN201
 # Shared memory: while the ranks' inputs together (n x the tensor) are at most this many
 # bytes (and one fits a slot), every rank reduces the whole tensor after one phase; above it
 # ranks reduce one slice each (reduce-scatter then all-gather: n times less reduction work,
-# one more phase and a copy out of the shared result). Measured on a 2-core host (8 B to
-# 1 MiB, back to back, lean lane): the flat exchange was 2.3-2.4x faster at 256 KiB for n=2
-# and n=4, 1.7-2.5x at 1 MiB for n=2 and level at 1 MiB for n=4 (4 MiB read per rank), so
-# the second phase and the extra pass cost more than reading every slot while the slots
-# stay in the shared cache. (It was 16 KiB per rank when the general path's ~60 Python calls
-# per phase dominated the choice.)
+# one more phase and a copy out of the shared result). `python -m pyc10d.bench --peer mpi`
+# on the 2-core host, same hour, every result checked, before (16 KiB per rank) and after
+# (with the lean lane in both): all_reduce 64 KiB 178 -> 45 us at n=2 (Open MPI 26-28),
+# 463 -> 144 us at n=4 (MPI 145-177); 1 MiB 390 -> 288 us at n=2 (MPI 327-347), 942 -> 856
+# at n=4 (MPI 1146-1517). A diagnostic script (unchecked, no peer) put flat 2.3-2.4x ahead
+# at 256 KiB for n=2 and 4: the second phase and the extra pass cost more than reading every
+# slot while the slots stay in the shared cache.
 SHM_FLAT_ALLREDUCE = 4 << 20
 
 

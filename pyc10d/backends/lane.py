@@ -15,9 +15,10 @@ algorithm for that size, the descriptor word, the arena rows); later calls run o
 The public API (``collectives``) and the plugin (``torch_backend.group``) offer each
 synchronous call to the entries below first; an entry either runs it or returns 0 having
 done nothing, and the caller goes on to the general path. On the 2-core machine an 8-byte
-all_reduce at n=2 made 34 Python calls on the lane (94 on the general path) and took
-12-24 us against 60-70 (the same hour); a 64 KiB one, now a single flat exchange on the
-lane, 45 us against 178 for the general path's reduce-scatter + all-gather before.
+all_reduce at n=2 made 34 Python calls on the lane (94 on the general path; cProfile) and
+took 21.6-33.5 us against 64.9 the same day (`python -m pyc10d.bench.floor`, checked, Gloo
+667-964 us beside it); a 64 KiB one, now a single flat exchange on the lane, 45 us against
+178 for the general path's reduce-scatter + all-gather before (`bench --peer mpi`, checked).
 
 What a call still does, in line here, is what makes it the same operation as on the general
 path: the group's order (it runs only when nothing of the group is queued or running, else

@@ -97,10 +97,11 @@ def caller_spin(size: int) -> float:
     Such a thread has nothing else to do, and with a core per rank no other rank needs its
     core; a sleep there costs a futex wake-up on the peer's side and a reschedule on this one
     (tens of microseconds on a VM), which small operations pay at every skew between ranks
-    longer than the ordinary 50 us. Measured on the 2-core VM, 2 ranks each computing a
+    longer than the ordinary 50 us. A diagnostic on the 2-core VM (a script, results not
+    checked, no peer: it times waiting, not a collective's speed): 2 ranks each computing a
     random 100-300 us between 8-byte all_reduces (ideal: ~233 us of the slower rank's compute
-    + ~25 us the call): 312-322 us per op with 50 us, 266-279 us with 1 ms (three runs each,
-    alternated). Past the ordinary spin the wait yields the CPU between looks (``wait``), so
+    + ~25 us the call) took 312-322 us per op with 50 us, 266-279 us with 1 ms (three runs
+    each, alternated). Past the ordinary spin the wait yields the CPU between looks (``wait``), so
     it holds a core only while nothing else wants it. A progress thread, which may run
     beside the caller's compute, keeps the ordinary spin.
     """
