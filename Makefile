@@ -48,8 +48,7 @@ demo: $(STAMP)
 # -q and the 60 s per-test timeout come from pyproject.toml's addopts; a second -q here
 # would hide pytest's closing "N passed" line. Tests run on TEST_WORKERS pytest-xdist workers
 # (default: one per CPU; TEST_WORKERS=0 runs them in this process, one after the other).
-# --dist loadgroup hands out single tests, so the long files (conformance, hier) spread too,
-# except the tests marked `interpreters` (tests/conftest.py): those run one at a time.
+# --dist loadgroup hands out single tests, so the long files (conformance, hier) spread too.
 # tmux for the terminal test of pyc10d.status --watch (it skips only where tmux cannot be had).
 # compileall: the suite starts ~150 interpreters; where PYTHONDONTWRITEBYTECODE is set (as on
 # these machines) each would compile pyc10d's sources again (0.2-0.5 s of CPU apiece).
