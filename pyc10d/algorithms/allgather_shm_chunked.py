@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .shm_comm import ShmComm, close_phase, descriptor_head, nbytes_of, open_phase
+from .shm_comm import CAT_BYTES, ShmComm, close_phase, descriptor_head, flat, nbytes_of, open_phase
 
 
 def allgather_shm_chunked(comm: ShmComm, inp: torch.Tensor, out: torch.Tensor) -> None:
@@ -56,12 +56,17 @@ def allgather_shm_flat_step(comm: ShmComm, dtype: torch.dtype, k: int):  # noqa:
     nbytes = k * dtype.itemsize
     head = descriptor_head("allgather", dtype)
     slots = [arena.slots(p, dtype)[:, :k] for p in (0, 1)]
+    rows = [arena.rows(p, dtype, k) for p in (0, 1)]
+    mine = [r[rank] for r in rows]
+    cat = torch.cat if nbytes <= CAT_BYTES else None  # see CAT_BYTES
 
     def step(out: torch.Tensor, inp: torch.Tensor, deadline: float, timeout: float) -> None:
         c = open_phase(arena, head, nbytes, deadline, timeout, "allgather_into_tensor")
-        s = slots[c & 1]
-        s[rank].copy_(inp.view(-1))
+        mine[c & 1].copy_(flat(inp))
         close_phase(arena, c, deadline, "allgather_into_tensor")
-        out.view(n, k).copy_(s)
+        if cat is not None:
+            cat(rows[c & 1], out=flat(out))
+        else:
+            out.view(n, k).copy_(slots[c & 1])
 
     return step

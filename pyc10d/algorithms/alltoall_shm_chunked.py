@@ -20,7 +20,7 @@ import torch
 from ..errors import DistBackendError
 from ..transport.shm_arena import Arena
 from .reduce_scatter_shm_chunked import block_piece
-from .shm_comm import ShmComm, close_phase, descriptor_head, open_phase
+from .shm_comm import CAT_BYTES, ShmComm, close_phase, descriptor_head, flat, open_phase
 
 
 def alltoall_shm_chunked(comm: ShmComm, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
@@ -95,6 +95,8 @@ def alltoall_shm_even_step(comm: ShmComm, dtype: torch.dtype, k: int):  # noqa: 
     sizes = [k] * n
     mine = [arena.slots(p, dtype)[r, :n * piece].view(n, piece)[:, :k] for p in (0, 1)]
     theirs = [arena.slots(p, dtype)[:, r * piece:r * piece + k] for p in (0, 1)]
+    theirs_rows = [[arena.slots(p, dtype)[q, r * piece:r * piece + k] for q in range(n)] for p in (0, 1)]
+    cat = torch.cat if k * dtype.itemsize <= CAT_BYTES else None  # see CAT_BYTES
     op = "alltoall_base"
 
     def step(out: torch.Tensor, inp: torch.Tensor, deadline: float, timeout: float) -> None:
@@ -103,7 +105,10 @@ def alltoall_shm_even_step(comm: ShmComm, dtype: torch.dtype, k: int):  # noqa: 
         mine[c & 1].copy_(inp.view(n, k))
         close_phase(arena, c, deadline, op)
         largest = _check_sizes(arena, c, sizes, op)
-        out.view(n, k).copy_(theirs[c & 1])
+        if cat is not None:
+            cat(theirs_rows[c & 1], out=flat(out))
+        else:
+            out.view(n, k).copy_(theirs[c & 1])
         for _ in range(max(1, -(-largest // piece)) - 1):
             c = arena.next_phase(deadline, op)
             arena.post(c)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .shm_comm import ShmComm, close_phase, descriptor_head, nbytes_of, open_phase
+from .shm_comm import ShmComm, close_phase, descriptor_head, flat, nbytes_of, open_phase
 
 
 def broadcast_shm_chunked(comm: ShmComm, t: torch.Tensor, root: int) -> None:
@@ -61,9 +61,9 @@ def broadcast_shm_flat_step(comm: ShmComm, dtype: torch.dtype, numel: int, root:
     def step(t: torch.Tensor, _: None, deadline: float, timeout: float) -> None:
         c = open_phase(arena, head, nbytes, deadline, timeout, "broadcast")
         if is_root:
-            spans[c & 1].copy_(t.view(-1))
+            spans[c & 1].copy_(flat(t))
         close_phase(arena, c, deadline, "broadcast")
         if not is_root:
-            t.view(-1).copy_(spans[c & 1])
+            flat(t).copy_(spans[c & 1])
 
     return step

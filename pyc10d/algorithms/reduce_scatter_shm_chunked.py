@@ -20,6 +20,7 @@ from .shm_comm import (
     ShmComm,
     close_phase,
     descriptor_head,
+    flat,
     nbytes_of,
     open_phase,
     reduce_many,
@@ -83,16 +84,16 @@ def reduce_scatter_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype
     rank, n = arena.rank, arena.size
     nbytes = n * k * dtype.itemsize
     head = descriptor_head("reduce_scatter", dtype, op)
-    mine = [arena.slots(p, dtype)[rank, :n * k].view(n, k) for p in (0, 1)]
+    mine = [arena.slots(p, dtype)[rank, :n * k] for p in (0, 1)]  # the n pieces, contiguous
     pieces = [[arena.slots(p, dtype)[q, rank * k:(rank + 1) * k] for q in range(n)] for p in (0, 1)]
     fn = kernel(op, dtype)
     avg = op.op is RedOpType.AVG
 
     def step(out: torch.Tensor, inp: torch.Tensor, deadline: float, timeout: float) -> None:
         c = open_phase(arena, head, nbytes, deadline, timeout, "reduce_scatter_tensor")
-        mine[c & 1].copy_(inp.view(n, k))
+        mine[c & 1].copy_(flat(inp))
         close_phase(arena, c, deadline, "reduce_scatter_tensor")
-        o = out.view(-1)
+        o = flat(out)
         reduce_rows(fn, o, pieces[c & 1])
         if avg:
             o.div_(n)

@@ -122,24 +122,33 @@ def _gather_family(rank: int, ws: int, module: str) -> dict:
             wrong.append(f"{what}: {got} != {want}")
 
     for i in range(3):
-        for dtype, k in ((torch.float32, 3), (torch.int64, 1), (torch.bfloat16, 40), (torch.uint8, 5)):
+        # odd calls: the other shapes of the same keys (1-D output of the gather, 2-D
+        # inputs and outputs elsewhere); float32 9000: above CAT_BYTES (the strided copy out)
+        two = i % 2 == 1
+        for dtype, k in ((torch.float32, 3), (torch.int64, 1), (torch.bfloat16, 40), (torch.uint8, 5),
+                         (torch.float32, 9000)):
             parts = [(torch.arange(k) + 10 * r + i).to(dtype) for r in range(ws)]
-            out = torch.full((ws, k), 99).to(dtype)
-            dist.all_gather_into_tensor(out, parts[rank].clone())
-            check(f"all_gather {dtype} k={k} #{i}", out, torch.stack(parts))
+            out = torch.full((ws * k,) if two else (ws, k), 99).to(dtype)
+            inp = parts[rank].clone()
+            dist.all_gather_into_tensor(out, inp.view(1, k) if two else inp)
+            check(f"all_gather {dtype} k={k} #{i}", out, torch.stack(parts).view(out.shape))
             for name in ("SUM", "MAX", "AVG"):
                 if name == "AVG" and not dtype.is_floating_point:
                     continue
                 inputs = [(torch.arange(ws * k) % 7 + r + i).to(dtype) for r in range(ws)]
-                out = torch.full((k,), 99).to(dtype)
-                dist.reduce_scatter_tensor(out, inputs[rank].clone(), op=getattr(dist.ReduceOp, name))
+                out = torch.full((1, k) if two else (k,), 99).to(dtype)
+                inp = inputs[rank].clone()
+                dist.reduce_scatter_tensor(out, inp.view(ws, k) if two else inp, op=getattr(dist.ReduceOp, name))
                 full = torch.stack([x.to(torch.float64) for x in inputs])
                 want = full.amax(0) if name == "MAX" else full.sum(0) / (ws if name == "AVG" else 1)
-                check(f"reduce_scatter {name} {dtype} k={k} #{i}", out, want[rank * k:(rank + 1) * k].to(dtype))
+                check(f"reduce_scatter {name} {dtype} k={k} #{i}", out,
+                      want[rank * k:(rank + 1) * k].to(dtype).view(out.shape))
             for root in range(ws):
                 t = (torch.arange(k) + 100 * root + i).to(dtype) if rank == root else torch.full((k,), 7).to(dtype)
+                t = t.view(1, k) if two else t
                 dist.broadcast(t, src=root)
-                check(f"broadcast root {root} {dtype} #{i}", t, (torch.arange(k) + 100 * root + i).to(dtype))
+                check(f"broadcast root {root} {dtype} #{i}", t,
+                      (torch.arange(k) + 100 * root + i).to(dtype).view(t.shape))
     return {"general": general, "wrong": wrong, "keys": len(engine._steps)}
 
 
@@ -150,7 +159,7 @@ def test_lane_serves_gather_scatter_and_broadcast(module: str, world_size: int) 
         assert res["wrong"] == []
         # the group's first call opens the arena; every later call ran on the lane
         assert res["general"] == ["allgather_into_tensor"]
-        assert res["keys"] == 4 * (1 + 3 + world_size) - 2  # (no AVG for the two integer dtypes)
+        assert res["keys"] == 5 * (1 + 3 + world_size) - 2  # (no AVG for the two integer dtypes)
 
 
 def _medium(rank: int, ws: int, symmetric: bool) -> dict:
