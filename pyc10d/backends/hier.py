@@ -1,7 +1,7 @@
 """The hierarchical backend: shm inside each host, tcp between one leader per host.
 
 Why: across hosts every byte crosses the network, while inside a host shared memory moves
-it several times faster than loopback TCP (README, Performance). So a group whose ranks span
+it several times faster than loopback TCP (docs/performance.md). So a group whose ranks span
 hosts combines inside each host first (the shm arena), runs the cross-host step among one
 *leader* per host (its lowest rank) over tcp, and hands the result back inside each host:
 only the leaders talk across hosts, each sending its host's data once, and a flat ring's

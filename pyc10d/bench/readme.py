@@ -1,11 +1,11 @@
-"""The README's performance tables, generated from a committed reference run.
+"""The performance tables of ``docs/performance.md``, generated from a committed reference run.
 
-``python -m pyc10d.bench.readme benchmarks/reference/<run>.json [--write README.md]`` prints
-(or writes between the README's ``<!-- bench-tables:begin -->`` and ``<!-- bench-tables:end
+``python -m pyc10d.bench.readme benchmarks/reference/<run>.json [--write docs/performance.md]``
+prints (or writes between the document's ``<!-- bench-tables:begin -->`` and ``<!-- bench-tables:end
 -->`` lines) markdown made only from that file: the run's conditions and memcpy bound, every
 op's latency per backend and world size with the ratio to Gloo, and every (op, size, world
 size) at which a pyc10d backend was slower than Gloo. Nothing is typed in by hand, so the
-README cannot drift from the file it cites.
+document cannot drift from the file it cites.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def write_into(readme: Path, text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("json", type=Path)
-    ap.add_argument("--write", type=Path, metavar="README", help="replace the generated block in this file")
+    ap.add_argument("--write", type=Path, metavar="DOC", help="replace the generated block in this file")
     args = ap.parse_args(argv)
     text = markdown(read_json(args.json), args.json.as_posix())
     if args.write:
