@@ -65,7 +65,7 @@ def test_every_timed_call_is_checked() -> None:
     assert time_op(dist, Op(dist, "all_reduce", 4, 0, 1, 4), 4, 3, "barrier")[1]
 
 
-def _time_on_threads(op_name: str, sabotage: bool, world: int = 2) -> list[bool]:
+def _time_on_threads(op_name: str, sabotage: bool, world: int = 2, mode: str = "loop") -> list[bool]:
     """``time_op`` of one small op on ``world`` threaded ranks (3 ops a loop, 2 loops); each
     rank's verdict. With ``sabotage``, the second timed call on every rank does nothing."""
     import threading
@@ -81,8 +81,8 @@ def _time_on_threads(op_name: str, sabotage: bool, world: int = 2) -> list[bool]
         try:
             pyc10d.init_process_group("threaded", store=store, rank=rank, world_size=world)
             try:
-                op = Op(pyc10d, op_name, 4 * world, rank, world, 3)
-                verdicts[rank] = time_op(pyc10d, op, 3, 2, "loop")[1]
+                op = Op(pyc10d, op_name, 4 * world, rank, world, 3, async_op=mode == "async")
+                verdicts[rank] = time_op(pyc10d, op, 3, 2, mode)[1]
             finally:
                 pyc10d.destroy_process_group()
         except BaseException as e:  # noqa: BLE001 - reported below
@@ -99,14 +99,29 @@ def _time_on_threads(op_name: str, sabotage: bool, world: int = 2) -> list[bool]
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("mode", ["loop", "async"])
 @pytest.mark.parametrize("op_name", metrics.OPS)
-def test_the_check_fails_when_one_timed_call_does_nothing(op_name: str) -> None:
+def test_the_check_fails_when_one_timed_call_does_nothing(op_name: str, mode: str) -> None:
     """Outputs are poisoned and inputs reset before every timed loop: a call that writes
-    nothing (run on a clone, so the ranks stay in step) fails the check; untouched, it passes."""
-    assert _time_on_threads(op_name, sabotage=False) == [True, True]
-    verdicts = _time_on_threads(op_name, sabotage=True)
+    nothing (run on a clone, so the ranks stay in step) fails the check; untouched, it passes.
+    ``async``: the K calls are issued with ``async_op=True`` and their Works waited at the end."""
+    assert _time_on_threads(op_name, sabotage=False, mode=mode) == [True, True]
+    verdicts = _time_on_threads(op_name, sabotage=True, mode=mode)
     # broadcast's root and reduce's non-root hold the right values without the call
     assert not all(verdicts), f"{op_name}: a call that did nothing passed the check"
+
+
+def test_the_c_reference_only_times_blocking_loops(capsys: pytest.CaptureFixture[str]) -> None:
+    """mpi_worker times loops of blocking calls; beside another mode its figures would be
+    compared with something else, so the driver refuses the pair."""
+    from pyc10d.bench.__main__ import parse_args
+
+    assert parse_args(["--peer", "mpi"]).mode == "loop"
+    assert parse_args(["--mode", "async"]).mode == "async"
+    for mode in ("async", "barrier"):
+        with pytest.raises(SystemExit):
+            parse_args(["--peer", "mpi", "--mode", mode])
+        assert "the C reference (mpi) times loops of blocking calls only" in capsys.readouterr().err
 
 
 def test_best_of_rounds_keeps_the_faster_round_and_any_failure() -> None:

@@ -5,8 +5,10 @@ all_reduce --sizes 8,1024 --iters 20 --out result.json``; for a threaded backend
 starts one worker with ``--world-size N`` instead, whose ranks are N threads.
 
 Every rank joins the group over ``env://``; for each op and size it builds K sets of float32
-buffers, and times loops of K calls back to back (``--mode loop``, the default) or K calls
-each after a barrier (``--mode barrier``); every loop starts from poisoned outputs and fresh
+buffers, and times loops of K calls back to back (``--mode loop``, the default), K calls
+each after a barrier (``--mode barrier``), or K calls issued with ``async_op=True`` back to
+back and then every Work waited (``--mode async``: DDP's buckets, FSDP's prefetches, a
+pipeline's sends); every loop starts from poisoned outputs and fresh
 inputs (see ``Op``), and every timed call's result is checked against values computed
 locally. Each loop's time per op is reduced with MAX over the ranks (the op is done when its
 slowest rank is), and rank 0 writes one record per (op, size) with the median, mean and min
@@ -52,30 +54,32 @@ class Op:
     every input gets its rank's values back (in-place ops overwrite them; a call that did
     nothing leaves those values, which are not the result at world size 2 and up)."""
 
-    def __init__(self, dist: ModuleType, op: str, count: int, rank: int, n: int, k: int) -> None:
-        self.run, self.check, self.reset = _make(dist, op, count, rank, n, k)
+    def __init__(self, dist: ModuleType, op: str, count: int, rank: int, n: int, k: int,
+                 async_op: bool = False) -> None:
+        self.run, self.check, self.reset = _make(dist, op, count, rank, n, k, async_op)
 
 
 POISON = float("nan")
 
 
-def _make(dist: ModuleType, op: str, count: int, rank: int, n: int, k: int
+def _make(dist: ModuleType, op: str, count: int, rank: int, n: int, k: int, async_op: bool = False
           ) -> tuple[Callable[[int], Any], Callable[[], bool], Callable[[], None]]:
+    kw = {"async_op": True} if async_op else {}  # (loop and barrier calls pass nothing extra)
     total = n * (n + 1) / 2  # sum over ranks of (rank + 1)
     mine = float(rank + 1)
     if op in ("all_reduce", "reduce", "broadcast"):
         bufs = [torch.full((count,), mine) for _ in range(k)]
         if op == "all_reduce":
             def run(i: int) -> Any:
-                return dist.all_reduce(bufs[i])
+                return dist.all_reduce(bufs[i], **kw)
             want = total
         elif op == "reduce":
             def run(i: int) -> Any:
-                return dist.reduce(bufs[i], dst=0)
+                return dist.reduce(bufs[i], dst=0, **kw)
             want = total if rank == 0 else mine  # torch leaves a non-root's tensor alone
         else:
             def run(i: int) -> Any:
-                return dist.broadcast(bufs[i], src=0)
+                return dist.broadcast(bufs[i], src=0, **kw)
             want = 1.0
 
         def reset() -> None:  # the buffer is input and output: its input is the poison
@@ -94,17 +98,17 @@ def _make(dist: ModuleType, op: str, count: int, rank: int, n: int, k: int
     if op == "all_gather_into_tensor":
         inp = torch.full((part,), mine)
         gathered = torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(part)
-        return ((lambda i: dist.all_gather_into_tensor(outs[i], inp)),
+        return ((lambda i: dist.all_gather_into_tensor(outs[i], inp, **kw)),
                 (lambda: all(torch.equal(o, gathered) for o in outs)), poison)
     if op == "reduce_scatter_tensor":
         inp = torch.full((count,), mine)
-        return ((lambda i: dist.reduce_scatter_tensor(outs[i], inp)),
+        return ((lambda i: dist.reduce_scatter_tensor(outs[i], inp, **kw)),
                 (lambda: all(bool((o == total).all()) for o in outs)), poison)
     if op == "all_to_all_single":
         # chunk j of rank r holds r*n + j; rank r receives chunk r of every rank j
         inp = (rank * n + torch.arange(n, dtype=torch.float32)).repeat_interleave(part)
         exchanged = (torch.arange(n, dtype=torch.float32) * n + rank).repeat_interleave(part)
-        return ((lambda i: dist.all_to_all_single(outs[i], inp)),
+        return ((lambda i: dist.all_to_all_single(outs[i], inp, **kw)),
                 (lambda: all(torch.equal(o, exchanged) for o in outs)), poison)
     raise ValueError(f"unknown op {op!r}")
 
@@ -124,14 +128,15 @@ def time_op(dist: ModuleType, op: Op, k: int, reps: int, mode: str) -> tuple[lis
     job's ranks settled (shm all_reduce, n=2, two runs: 8 B 17.9 and 23.6 us, 32 B 14.5 and
     13.9 us; with the loop, 14.0 / 13.9 and 14.2 / 13.9).
     """
-    for i in range(k):  # warm-up; ``reset`` below restores the inputs
-        op.run(i)
+    body = _issue_then_wait(op.run, k) if mode == "async" else op.run
+    for i in range(k):  # warm-up (every async Work waited); ``reset`` below restores the inputs
+        body(i)
     times = torch.empty(reps, dtype=torch.float64)
     ok = True
     for r in range(reps):
         op.reset()
-        if mode == "loop":
-            times[r] = timing.back_to_back(dist, op.run, k)  # already the max over ranks
+        if mode != "barrier":  # already the max over ranks
+            times[r] = timing.back_to_back(dist, body, k)
         else:
             total = 0.0
             for i in range(k):
@@ -141,9 +146,26 @@ def time_op(dist: ModuleType, op: Op, k: int, reps: int, mode: str) -> tuple[lis
                 total += time.perf_counter() - t0
             times[r] = total / k
         ok = op.check() and ok
-    if mode != "loop":
+    if mode == "barrier":
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
     return times.tolist(), ok
+
+
+def _issue_then_wait(run: Callable[[int], Any], k: int) -> Callable[[int], None]:
+    """The ``async`` loop's body: call ``i`` issues op ``i`` (``async_op=True``) and keeps its
+    Work; the last call then waits for every one, so the loop's time covers them all."""
+    works: list[Any] = []
+
+    def body(i: int) -> None:
+        work = run(i)
+        if work is not None:  # (a call a test's saboteur dropped returns nothing to wait for)
+            works.append(work)
+        if i == k - 1:
+            for w in works:
+                w.wait()
+            works.clear()
+
+    return body
 
 
 def in_threads(name: str) -> bool:
@@ -169,7 +191,8 @@ def bench(args: argparse.Namespace, init: Callable[[], None] | None = None) -> l
                 count = metrics.element_count(op, nbytes, n)
                 size = count * metrics.DTYPE_BYTES
                 k, reps = metrics.loop_shape(size, args.iters)
-                times, correct = time_op(dist, Op(dist, op, count, rank, n, k), k, reps, args.mode)
+                times, correct = time_op(dist, Op(dist, op, count, rank, n, k, args.mode == "async"), k, reps,
+                                         args.mode)
                 ok = torch.tensor([1 if correct else 0], dtype=torch.int32)
                 dist.all_reduce(ok, op=dist.ReduceOp.MIN)
                 med = statistics.median(times)
@@ -225,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", required=True, help="comma-separated op names")
     p.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
     p.add_argument("--iters", type=int, default=30, help="timed ops per figure up to 1 MiB")
-    p.add_argument("--mode", choices=("loop", "barrier"), default="loop",
+    p.add_argument("--mode", choices=("loop", "barrier", "async"), default="loop",
                    help="loop: K ops back to back per timing; barrier: a barrier before each op")
     p.add_argument("--out", required=True, help="JSON file rank 0 writes its records to")
     p.add_argument("--world-size", type=int, default=0,
