@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .shm_comm import CAT_BYTES, ShmComm, close_phase, descriptor_head, flat, nbytes_of, open_phase
+from .comm import flat
+from .shm_comm import CAT_BYTES, ShmComm, close_phase, descriptor_head, nbytes_of, open_phase
 
 
 def allgather_shm_chunked(comm: ShmComm, inp: torch.Tensor, out: torch.Tensor) -> None:

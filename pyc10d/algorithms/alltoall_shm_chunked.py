@@ -19,8 +19,9 @@ import torch
 
 from ..errors import DistBackendError
 from ..transport.shm_arena import Arena
+from .comm import flat
 from .reduce_scatter_shm_chunked import block_piece
-from .shm_comm import CAT_BYTES, ShmComm, close_phase, descriptor_head, flat, open_phase
+from .shm_comm import CAT_BYTES, ShmComm, close_phase, descriptor_head, open_phase
 
 
 def alltoall_shm_chunked(comm: ShmComm, ins: list[torch.Tensor], outs: list[torch.Tensor]) -> None:

@@ -102,6 +102,13 @@ def describe_fingerprint(fp: int) -> str:
     return text
 
 
+def flat(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as one dimension, without a new tensor when it has one already: a view costs
+    as much as a small copy does (about 2 us on the 2-core VM), and the lean lane's steps
+    (``backends/lane.py``) pay every one of them per call."""
+    return t if t.dim() == 1 else t.view(-1)
+
+
 def byte_view(t: torch.Tensor) -> memoryview:
     """Writable bytes of a contiguous CPU tensor's memory.
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import torch
 
 from ..types import RedOpType, ReduceOp
+from .comm import flat
 from .reduce_ops import kernel
 from .shm_comm import (
     ShmComm,
     close_phase,
     descriptor_head,
-    flat,
     nbytes_of,
     open_phase,
     reduce_many,

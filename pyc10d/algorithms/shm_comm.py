@@ -184,12 +184,5 @@ def reduce_rows(fn, out: torch.Tensor, xs: list[torch.Tensor]) -> None:  # noqa:
 CAT_BYTES = 32 << 10
 
 
-def flat(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as one dimension, without a new tensor when it has one already: a view costs
-    as much as a small copy does (about 2 us on the 2-core VM), and the lane's steps pay
-    every one of them per call."""
-    return t if t.dim() == 1 else t.view(-1)
-
-
 def nbytes_of(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()

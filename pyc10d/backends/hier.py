@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from .. import algorithms as algo
+from ..algorithms.comm import flat
 from ..errors import DistNetworkError
 from ..store.base import Store
 from ..store.prefix import PrefixStore
@@ -65,7 +66,7 @@ from ..types import (
 )
 from . import shm
 from .base import Engine, Options
-from .staging import flat, host
+from .staging import host
 from .tcp import Backend, TCPBackend
 from .topology import HostLayout
 from .work import Work

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .. import algorithms as algo
+from ..algorithms.comm import flat
 from ..algorithms.reduce_ops import finish, premultiply, reduce_into
 from ..types import (
     AllreduceCoalescedOptions,
@@ -28,7 +29,7 @@ from . import checks as ck
 from .accepts import check_tensor, check_tensors, reduction
 from .base import Engine
 from .sparse import sparse_allreduce
-from .staging import flat, host, writeback
+from .staging import host, writeback
 from .work import Work
 
 _strided = torch.strided

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from .. import algorithms as algo
+from ..algorithms.comm import flat
 from ..algorithms.reduce_ops import finish, premultiply
 from ..types import (
     AllgatherOptions,
@@ -19,7 +20,7 @@ from ..types import (
 from . import checks as ck
 from .accepts import check_tensor, check_tensors, reduction
 from .base import Engine
-from .staging import flat, host, writeback
+from .staging import host, writeback
 from .work import Work
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .. import algorithms as algo
+from ..algorithms.comm import flat
 from ..algorithms.reduce_ops import finish, premultiply
 from ..errors import DistBackendError, DistInputError
 from ..store.base import Store
@@ -37,7 +38,7 @@ from ..transport.shm_segment import available as shm_dir_available
 from ..types import RedOpType
 from .accepts import reduction
 from .base import Options
-from .staging import flat, host, writeback
+from .staging import host, writeback
 from .tcp import Backend
 
 _NAME_BYTES = 128

@@ -26,6 +26,3 @@ def writeback(dst: torch.Tensor, src: torch.Tensor) -> None:
         return
     d.copy_(src)
 
-
-def flat(t: torch.Tensor) -> torch.Tensor:
-    return t.view(-1) if t.dim() != 1 else t
