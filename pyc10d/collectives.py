@@ -63,14 +63,16 @@ def _complex_view(t: torch.Tensor, op: ReduceOp, opname: str) -> torch.Tensor:
 
 
 def _lane(group: Any) -> Any:
-    """The engine of ``group`` (default: the default group) when it has the lean lane."""
-    return getattr(current_world().default_pg if group is None else group, "_lane", None)
+    """The engine of ``group`` (default: the default group) when it has the lean lane and
+    the call is a real run (under a trace the general path records the op), else None."""
+    lane = getattr(current_world().default_pg if group is None else group, "_lane", None)
+    return None if lane is None or tracing() else lane
 
 
 def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
     if not async_op:  # the lean lane (``backends.lane``) runs it, or says no having done nothing
         lane = _lane(group)
-        if lane is not None and not tracing() and lane.lean_allreduce(tensor, op):
+        if lane is not None and lane.lean_allreduce(tensor, op):
             return None
     check_tensor(tensor, "tensor")
     pg = group_or_warn(group, "all_reduce")
@@ -100,7 +102,7 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, a
     if not async_op and (group_src is None if group is None else src is None):
         lane = _lane(group)  # the root in group ranks: ``src`` on the default group, else group_src
         root = (src if group is None else group_src) or 0
-        if lane is not None and not tracing() and lane.lean_broadcast(tensor, root):
+        if lane is not None and lane.lean_broadcast(tensor, root):
             return None
     check_tensor(tensor, "tensor")
     pg = group_or_warn(group, "broadcast")
@@ -136,7 +138,7 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
                            async_op: bool = False) -> Any:
     if not async_op:
         lane = _lane(group)
-        if lane is not None and not tracing() and lane.lean_allgather(output_tensor, input_tensor):
+        if lane is not None and lane.lean_allgather(output_tensor, input_tensor):
             return None
     check_tensor(output_tensor, "output_tensor")
     check_tensor(input_tensor, "input_tensor")
@@ -224,7 +226,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = R
                           async_op: bool = False) -> Any:
     if not async_op:
         lane = _lane(group)
-        if lane is not None and not tracing() and lane.lean_reduce_scatter(output, input, op):
+        if lane is not None and lane.lean_reduce_scatter(output, input, op):
             return None
     check_tensor(output, "output")
     check_tensor(input, "input")
@@ -246,7 +248,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor, output_split_si
                       input_split_sizes: list[int] | None = None, group: Any = None, async_op: bool = False) -> Any:
     if not async_op and output_split_sizes is None and input_split_sizes is None:
         lane = _lane(group)
-        if lane is not None and not tracing() and lane.lean_alltoall(output, input):
+        if lane is not None and lane.lean_alltoall(output, input):
             return None
     check_tensor(output, "output")
     check_tensor(input, "input")
@@ -284,7 +286,7 @@ def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[t
 def barrier(group: Any = None, async_op: bool = False, device_ids: list[int] | None = None) -> Any:
     if not async_op and not device_ids:
         lane = _lane(group)
-        if lane is not None and not tracing() and lane.lean_barrier():
+        if lane is not None and lane.lean_barrier():
             return None
     pg = group_or_warn(group, "barrier")
     if pg is None:

@@ -96,7 +96,7 @@ def alltoall_shm_even_step(comm: ShmComm, dtype: torch.dtype, k: int):  # noqa: 
     sizes = [k] * n
     mine = [arena.slots(p, dtype)[r, :n * piece].view(n, piece)[:, :k] for p in (0, 1)]
     theirs = [arena.slots(p, dtype)[:, r * piece:r * piece + k] for p in (0, 1)]
-    theirs_rows = [[arena.slots(p, dtype)[q, r * piece:r * piece + k] for q in range(n)] for p in (0, 1)]
+    theirs_rows = [list(t) for t in theirs]  # the same n pieces, one view each
     cat = torch.cat if k * dtype.itemsize <= CAT_BYTES else None  # see CAT_BYTES
     op = "alltoall_base"
 
