@@ -84,8 +84,9 @@ class _ByHand:
         self.layers = []
         # Shards kept in nn.Linear's (out, in) layout and applied with ``linear``: torch's CPU
         # bf16 matmul of a (1, k) row by a row-major (k, n) matrix takes a path ~20x slower
-        # than by the transposed view of an (n, k) one (measured: 9.7 vs 0.41 ms at
-        # k=1024, n=2048, one thread), which made the by-hand figures 16x the one process's.
+        # than by the transposed view of an (n, k) one (a one-process diagnostic, unchecked:
+        # 9.7 vs 0.41 ms at k=1024, n=2048, one thread), which made the by-hand figures 16x
+        # the one process's.
         for block in model:
             cols = block.w1.weight.shape[0] // world
             w1 = block.w1.weight.detach()[rank * cols:(rank + 1) * cols].contiguous()
