@@ -70,10 +70,13 @@ def _lane(group: Any) -> Any:
 
 
 def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
-    if not async_op:  # the lean lane (``backends.lane``) runs it, or says no having done nothing
-        lane = _lane(group)
-        if lane is not None and lane.lean_allreduce(tensor, op):
-            return None
+    # The lean lane (``backends.lane``) runs it (an asynchronous call: starts it and answers
+    # its Work), or says no having done nothing.
+    lane = _lane(group)
+    if lane is not None:
+        done = lane.lean_allreduce(tensor, op, not async_op)
+        if done:
+            return done if async_op else None
     check_tensor(tensor, "tensor")
     pg = group_or_warn(group, "all_reduce")
     if pg is None:
@@ -99,11 +102,12 @@ def all_reduce_coalesced(tensors: Any, op: Any = ReduceOp.SUM, group: Any = None
 
 def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, async_op: bool = False,
               group_src: int | None = None) -> Any:
-    if not async_op and (group_src is None if group is None else src is None):
+    if group_src is None if group is None else src is None:
         lane = _lane(group)  # the root in group ranks: ``src`` on the default group, else group_src
-        root = (src if group is None else group_src) or 0
-        if lane is not None and lane.lean_broadcast(tensor, root):
-            return None
+        if lane is not None:
+            done = lane.lean_broadcast(tensor, (src if group is None else group_src) or 0, not async_op)
+            if done:
+                return done if async_op else None
     check_tensor(tensor, "tensor")
     pg = group_or_warn(group, "broadcast")
     if pg is None:
@@ -136,10 +140,11 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
 
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any = None,
                            async_op: bool = False) -> Any:
-    if not async_op:
-        lane = _lane(group)
-        if lane is not None and lane.lean_allgather(output_tensor, input_tensor):
-            return None
+    lane = _lane(group)
+    if lane is not None:
+        done = lane.lean_allgather(output_tensor, input_tensor, not async_op)
+        if done:
+            return done if async_op else None
     check_tensor(output_tensor, "output_tensor")
     check_tensor(input_tensor, "input_tensor")
     ensure_same_dtype(output_tensor, input_tensor)
@@ -224,10 +229,11 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None,
                           async_op: bool = False) -> Any:
-    if not async_op:
-        lane = _lane(group)
-        if lane is not None and lane.lean_reduce_scatter(output, input, op):
-            return None
+    lane = _lane(group)
+    if lane is not None:
+        done = lane.lean_reduce_scatter(output, input, op, not async_op)
+        if done:
+            return done if async_op else None
     check_tensor(output, "output")
     check_tensor(input, "input")
     ensure_same_dtype(output, input)
@@ -284,10 +290,12 @@ def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[t
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: list[int] | None = None) -> Any:
-    if not async_op and not device_ids:
+    if not device_ids:
         lane = _lane(group)
-        if lane is not None and lane.lean_barrier():
-            return None
+        if lane is not None:
+            done = lane.lean_barrier(not async_op)
+            if done:
+                return done if async_op else None
     pg = group_or_warn(group, "barrier")
     if pg is None:
         return None

@@ -12,7 +12,15 @@ from __future__ import annotations
 import torch
 
 from .comm import flat
-from .shm_comm import CAT_BYTES, ShmComm, close_phase, descriptor_head, nbytes_of, open_phase
+from .shm_comm import (
+    CAT_BYTES,
+    ShmComm,
+    await_phase,
+    descriptor_head,
+    nbytes_of,
+    open_phase,
+    split_step,
+)
 
 
 def allgather_shm_chunked(comm: ShmComm, inp: torch.Tensor, out: torch.Tensor) -> None:
@@ -61,13 +69,19 @@ def allgather_shm_flat_step(comm: ShmComm, dtype: torch.dtype, k: int):  # noqa:
     mine = [r[rank] for r in rows]
     cat = torch.cat if nbytes <= CAT_BYTES else None  # see CAT_BYTES
 
-    def step(out: torch.Tensor, inp: torch.Tensor, deadline: float, timeout: float) -> None:
-        c = open_phase(arena, head, nbytes, deadline, timeout, "allgather_into_tensor")
+    op = "allgather_into_tensor"
+
+    def start(out: torch.Tensor, inp: torch.Tensor, deadline: float, timeout: float) -> int:
+        c = open_phase(arena, head, nbytes, deadline, timeout, op)
         mine[c & 1].copy_(flat(inp))
-        close_phase(arena, c, deadline, "allgather_into_tensor")
+        arena.post(c)
+        return c
+
+    def finish(out: torch.Tensor, inp: torch.Tensor, c: int, deadline: float) -> None:
+        await_phase(arena, c, deadline, op)
         if cat is not None:
             cat(rows[c & 1], out=flat(out))
         else:
             out.view(n, k).copy_(slots[c & 1])
 
-    return step
+    return split_step(arena, op, start, finish)

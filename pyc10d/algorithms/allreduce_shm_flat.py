@@ -15,12 +15,13 @@ from ..types import RedOpType, ReduceOp
 from .reduce_ops import kernel
 from .shm_comm import (
     ShmComm,
-    close_phase,
+    await_phase,
     descriptor_head,
     nbytes_of,
     open_phase,
     reduce_many,
     reduce_rows,
+    split_step,
 )
 
 
@@ -54,14 +55,17 @@ def allreduce_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype, sha
     avg = op.op is RedOpType.AVG
     reshape = len(shape) != 1
 
-    def step(t: torch.Tensor, _: None, deadline: float, timeout: float) -> None:
+    def start(t: torch.Tensor, _: None, deadline: float, timeout: float) -> int:
         c = open_phase(arena, head, nbytes, deadline, timeout, "allreduce")
-        r = rows[c & 1]
+        rows[c & 1][rank].copy_(t.view(-1) if reshape else t)
+        arena.post(c)
+        return c
+
+    def finish(t: torch.Tensor, _: None, c: int, deadline: float) -> None:
+        await_phase(arena, c, deadline, "allreduce")
         out = t.view(-1) if reshape else t
-        r[rank].copy_(out)
-        close_phase(arena, c, deadline, "allreduce")
-        reduce_rows(fn, out, r)
+        reduce_rows(fn, out, rows[c & 1])
         if avg:
             out.div_(n)
 
-    return step
+    return split_step(arena, "allreduce", start, finish)

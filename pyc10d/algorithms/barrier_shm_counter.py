@@ -5,7 +5,7 @@ Cost: one phase; no data. A rank sleeping here uses no CPU after its short spin.
 
 from __future__ import annotations
 
-from .shm_comm import ShmComm, close_phase, descriptor_head, open_phase
+from .shm_comm import ShmComm, await_phase, descriptor_head, open_phase, split_step
 
 
 def barrier_shm_counter(comm: ShmComm) -> None:
@@ -20,7 +20,12 @@ def barrier_shm_step(comm: ShmComm):  # noqa: ANN201
     arena = comm.arena
     head = descriptor_head("barrier", None)
 
-    def step(_: None, __: None, deadline: float, timeout: float) -> None:
-        close_phase(arena, open_phase(arena, head, 0, deadline, timeout, "barrier"), deadline, "barrier")
+    def start(_: None, __: None, deadline: float, timeout: float) -> int:
+        c = open_phase(arena, head, 0, deadline, timeout, "barrier")
+        arena.post(c)
+        return c
 
-    return step
+    def finish(_: None, __: None, c: int, deadline: float) -> None:
+        await_phase(arena, c, deadline, "barrier")
+
+    return split_step(arena, "barrier", start, finish)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .comm import flat
-from .shm_comm import ShmComm, close_phase, descriptor_head, nbytes_of, open_phase
+from .shm_comm import ShmComm, await_phase, descriptor_head, nbytes_of, open_phase, split_step
 
 
 def broadcast_shm_chunked(comm: ShmComm, t: torch.Tensor, root: int) -> None:
@@ -59,12 +59,16 @@ def broadcast_shm_flat_step(comm: ShmComm, dtype: torch.dtype, numel: int, root:
     spans = [arena.slots(p, dtype).view(-1)[:numel] for p in (0, 1)]
     is_root = arena.rank == root
 
-    def step(t: torch.Tensor, _: None, deadline: float, timeout: float) -> None:
+    def start(t: torch.Tensor, _: None, deadline: float, timeout: float) -> int:
         c = open_phase(arena, head, nbytes, deadline, timeout, "broadcast")
         if is_root:
             spans[c & 1].copy_(flat(t))
-        close_phase(arena, c, deadline, "broadcast")
+        arena.post(c)
+        return c
+
+    def finish(t: torch.Tensor, _: None, c: int, deadline: float) -> None:
+        await_phase(arena, c, deadline, "broadcast")
         if not is_root:
             flat(t).copy_(spans[c & 1])
 
-    return step
+    return split_step(arena, "broadcast", start, finish)

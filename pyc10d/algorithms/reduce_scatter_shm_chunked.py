@@ -19,12 +19,13 @@ from .comm import flat
 from .reduce_ops import kernel
 from .shm_comm import (
     ShmComm,
-    close_phase,
+    await_phase,
     descriptor_head,
     nbytes_of,
     open_phase,
     reduce_many,
     reduce_rows,
+    split_step,
 )
 
 
@@ -89,13 +90,19 @@ def reduce_scatter_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype
     fn = kernel(op, dtype)
     avg = op.op is RedOpType.AVG
 
-    def step(out: torch.Tensor, inp: torch.Tensor, deadline: float, timeout: float) -> None:
-        c = open_phase(arena, head, nbytes, deadline, timeout, "reduce_scatter_tensor")
+    op_name = "reduce_scatter_tensor"
+
+    def start(out: torch.Tensor, inp: torch.Tensor, deadline: float, timeout: float) -> int:
+        c = open_phase(arena, head, nbytes, deadline, timeout, op_name)
         mine[c & 1].copy_(flat(inp))
-        close_phase(arena, c, deadline, "reduce_scatter_tensor")
+        arena.post(c)
+        return c
+
+    def finish(out: torch.Tensor, inp: torch.Tensor, c: int, deadline: float) -> None:
+        await_phase(arena, c, deadline, op_name)
         o = flat(out)
         reduce_rows(fn, o, pieces[c & 1])
         if avg:
             o.div_(n)
 
-    return step
+    return split_step(arena, op_name, start, finish)

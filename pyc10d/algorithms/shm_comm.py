@@ -115,13 +115,46 @@ def open_phase(arena: Arena, head: int, nbytes: int, deadline: float, timeout: f
 
 
 def close_phase(arena: Arena, c: int, deadline: float, op: str) -> None:
-    """Post phase ``c``, wait for every rank's (spinning as long as a blocked caller may,
-    ``Arena.caller_spin_s``), and check their descriptors agree."""
+    """Post phase ``c``, then ``await_phase``."""
     arena.post(c)
+    await_phase(arena, c, deadline, op)
+
+
+def await_phase(arena: Arena, c: int, deadline: float, op: str) -> None:
+    """Wait for every rank's post of phase ``c`` (spinning as long as a blocked caller may,
+    ``Arena.caller_spin_s``), and check their descriptors agree."""
     arena.wait_all(c, deadline, op, arena.caller_spin_s)
     p = arena.disagreeing(c, True)
     if p >= 0:
         raise disagreement(arena, p, c, op)
+
+
+def split_step(arena: Arena, op: str, start, finish):  # noqa: ANN001, ANN201 - closures of a step builder
+    """A lane step made of two halves, for a collective whose phase is one post and one wait:
+    ``start(x, y, deadline, timeout) -> c`` publishes this rank's part (its descriptor, its
+    copy in) and posts phase ``c``; ``finish(x, y, c, deadline)`` waits for every rank's
+    post, checks the descriptors and writes the output. Once a rank has posted, its peers
+    need nothing more from it for this operation: what ``finish`` does is local.
+
+    ``step(x, y, deadline, timeout)`` runs both (a synchronous call). An asynchronous call
+    runs ``start`` on the issuing thread and leaves ``finish`` to whoever needs the result
+    first (``backends/lane.py``: the caller's ``wait``, its next operation on the group, or
+    the progress thread); ``ready(c, spin)`` says whether ``finish`` would return without
+    waiting, looking for up to ``spin`` seconds (``ready(c, True)``: the ordinary spin), and
+    ``wait(c, deadline)`` waits with the ordinary spin, as a progress thread should.
+    """
+
+    def step(x, y, deadline: float, timeout: float) -> None:  # noqa: ANN001
+        finish(x, y, start(x, y, deadline, timeout), deadline)
+
+    def wait(c: int, deadline: float) -> None:
+        arena.wait_all(c, deadline, op)
+
+    def ready(c: int, spin: bool = False) -> bool:
+        return arena.reached_by_all(c, arena.spin_s if spin else 0.0)
+
+    step.start, step.finish, step.ready, step.wait = start, finish, ready, wait
+    return step
 
 
 def descriptor_head(collective: str, dtype: torch.dtype | None, red: ReduceOp | None = None, root: int = 0) -> int:

@@ -93,6 +93,10 @@ class Engine:
     """Issue/run machinery; ``ops.CollectiveOps`` adds the collectives on top."""
 
     backend_name = "tcp"
+    #: An asynchronous operation started on the lean lane and not finished (``lane.LaneOps``
+    #: sets it; it counts in ``_pending``): every later operation of the group settles it
+    #: first (``_settle_started``), since this rank may post nothing more before it is done.
+    _started: tuple | None = None
     #: Fingerprint every collective's messages (``PYC10D_DESYNC_CHECK=0`` turns it off).
     desync_check = os.environ.get("PYC10D_DESYNC_CHECK", "1") != "0"
 
@@ -196,6 +200,8 @@ class Engine:
         ``red`` and ``root`` go into the fingerprint every message of the operation carries
         (with ``opname``), so that ranks running different collectives fail instead of mixing.
         """
+        if self._started is not None:  # (only a ``LaneOps`` sets it)
+            self._settle_started(sync)
         timeout = self._op_timeout(opts)
         log = self.recorder
         if log is not None:  # what the ring says about the tensors (``first_tensor``, inlined)
@@ -232,15 +238,9 @@ class Engine:
             channel = (self.group_key << 32) | seq
             job = (work, fn, channel, timeout, now, red, root)
             if not inline:
-                self._jobs.append(job)
-                self._queue.put(True)
+                self._enqueue(job)
                 work._runner = self._run_here
                 work._issuer = threading.get_ident()
-                if self._worker is None:
-                    self._worker = threading.Thread(
-                        target=self._progress, daemon=True, name=f"pyc10d-progress-{self.group_name}"
-                    )
-                    self._worker.start()
         if not inline and _torch_profiler._is_profiler_enabled:  # see ``profiling.queued``
             profiling.queued(opname, outputs, seq, self.group_name, self.backend_name)
         try:
@@ -256,6 +256,20 @@ class Engine:
             work = Work(opname, outputs, work.seq)
             work._finish(error)
         return work
+
+    def _enqueue(self, job: tuple, first: bool = False) -> None:
+        """Queue ``job`` for the progress thread (started at the first); ``first``: ahead of
+        every queued job. The caller holds ``_lock``."""
+        if first:
+            self._jobs.appendleft(job)
+        else:
+            self._jobs.append(job)
+        self._queue.put(True)
+        if self._worker is None:
+            self._worker = threading.Thread(
+                target=self._progress, daemon=True, name=f"pyc10d-progress-{self.group_name}"
+            )
+            self._worker.start()
 
     def _done_locally(self, opname: str, outputs: Any) -> Work | None:
         """World size 1, an operation with nothing to move or compute (the caller knows):
@@ -372,6 +386,9 @@ class Engine:
         marks every queued operation on its issuing thread for that reason.)
         """
         work, fn, channel, timeout, now, red, root = job
+        started = self._started
+        if started is not None and started[0] is not work:  # (an issue that raced the lane's start)
+            self._complete_started()
         error: BaseException | None = None
         log = self.recorder
         if not now:  # it was queued (an inline one started at issue)

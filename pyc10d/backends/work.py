@@ -103,6 +103,39 @@ class Work:
         return f"<Work {self.opname} seq={self.seq} {state}>"
 
 
+class StartedWork(Work):
+    """An asynchronous operation its issuing thread started on the lean lane: its part is
+    posted, its peers need nothing more from this rank, and what remains (waiting for their
+    posts, writing the output) is local (``algorithms.shm_comm.split_step``). The engine
+    finishes it when the result is needed first: here in ``wait`` (on the waiting thread,
+    no hop to the progress thread), at the group's next operation, or on the progress
+    thread once something must complete without a waiting caller (a bounded ``wait``, a
+    future's callbacks)."""
+
+    def __init__(self, engine: Any, opname: str, outputs: Any, seq: int) -> None:  # noqa: D107
+        super().__init__(opname, outputs, seq)
+        self._engine = engine
+
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        if not self._finished:
+            secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+            if secs is None or secs <= 0:
+                self._engine._finish_started(self)
+            else:  # a bounded wait must be able to give up: the progress thread finishes it
+                self._engine._hand_off(self)
+        return super().wait(timeout)
+
+    def is_completed(self) -> bool:
+        if not self._finished:
+            self._engine._finish_started(self, block=False)
+        return self._finished
+
+    def get_future(self) -> torch.futures.Future:
+        if not self._finished:  # its callbacks must run without anyone calling ``wait``
+            self._engine._hand_off(self)
+        return super().get_future()
+
+
 class CompletedWork(Work):
     """An operation that finished, without error, before its Work was made (non-members'
     calls, world size 1's all_reduce, broadcast and barrier, fake backends): no latch or lock

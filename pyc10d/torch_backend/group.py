@@ -89,6 +89,14 @@ class TorchWork(_TorchWorkBase):
         return f"<TorchWork {self._work!r}>"
 
 
+def _laned(done: Any, opname: str, outputs: list[torch.Tensor]) -> TorchWork | None:
+    """The Work of a call the lean lane took: ``done`` is its sequence number (a synchronous
+    call, run) or the ``StartedWork`` of an asynchronous one; 0 when the lane declined (None)."""
+    if not done:
+        return None
+    return TorchWork(CompletedWork(opname, outputs, done) if done.__class__ is int else done)
+
+
 def _list(tensors: Any) -> list[torch.Tensor]:
     return [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
 
@@ -157,9 +165,10 @@ class TorchProcessGroup(tdist.ProcessGroup):
         if (lane is not None and tensors.__class__ is list and len(tensors) == 1
                 and opt.lane_ok(opts, _AllreduceOptions)):
             red = opt.lane_op(opts)
-            seq = lane.lean_allreduce(tensors[0], red) if red is not None else 0
-            if seq:
-                return TorchWork(CompletedWork("allreduce", tensors, seq))
+            work = _laned(lane.lean_allreduce(tensors[0], red, opts.asyncOp is False) if red is not None else 0,
+                          "allreduce", tensors)
+            if work is not None:
+                return work
         o = opt.allreduce(opts)
         return TorchWork(self._engine.allreduce(_list(tensors), o, _sync=opt.is_sync(opts)))
 
@@ -172,9 +181,9 @@ class TorchProcessGroup(tdist.ProcessGroup):
         lane = self._lane
         if (lane is not None and tensors.__class__ is list and len(tensors) == 1
                 and opt.lane_ok(opts, _BroadcastOptions) and opts.rootTensor == 0):
-            seq = lane.lean_broadcast(tensors[0], opts.rootRank)
-            if seq:
-                return TorchWork(CompletedWork("broadcast", tensors, seq))
+            work = _laned(lane.lean_broadcast(tensors[0], opts.rootRank, opts.asyncOp is False), "broadcast", tensors)
+            if work is not None:
+                return work
         o = opt.broadcast(opts)
         return TorchWork(self._engine.broadcast(_list(tensors), o, _sync=opt.is_sync(opts)))
 
@@ -190,9 +199,9 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TorchWork:
         lane = self._lane
         if lane is not None and opt.lane_ok(opts, _AllgatherOptions):
-            seq = lane.lean_allgather(output, input)
-            if seq:
-                return TorchWork(CompletedWork("allgather_into_tensor", [output], seq))
+            work = _laned(lane.lean_allgather(output, input, opts.asyncOp is False), "allgather_into_tensor", [output])
+            if work is not None:
+                return work
         o = opt.allgather(opts)
         return TorchWork(self._engine._allgather_base(output, input, o, _sync=opt.is_sync(opts)))
 
@@ -222,9 +231,10 @@ class TorchProcessGroup(tdist.ProcessGroup):
         lane = self._lane
         if lane is not None and opt.lane_ok(opts, _ReduceScatterOptions):
             red = opt.lane_op(opts)
-            seq = lane.lean_reduce_scatter(output, input, red) if red is not None else 0
-            if seq:
-                return TorchWork(CompletedWork("reduce_scatter_tensor", [output], seq))
+            done = lane.lean_reduce_scatter(output, input, red, opts.asyncOp is False) if red is not None else 0
+            work = _laned(done, "reduce_scatter_tensor", [output])
+            if work is not None:
+                return work
         o = opt.reduce_scatter(opts)
         return TorchWork(self._engine._reduce_scatter_base(output, input, o, _sync=opt.is_sync(opts)))
 
@@ -247,9 +257,9 @@ class TorchProcessGroup(tdist.ProcessGroup):
         lane = self._lane
         if (lane is not None and not output_split_sizes and not input_split_sizes
                 and opt.lane_ok(opts, _AllToAllOptions)):
-            seq = lane.lean_alltoall(output, input)
-            if seq:
-                return TorchWork(CompletedWork("alltoall_base", [output], seq))
+            work = _laned(lane.lean_alltoall(output, input, opts.asyncOp is False), "alltoall_base", [output])
+            if work is not None:
+                return work
         o = opt.alltoall(opts)
         work = self._engine.alltoall_base(
             output, input, list(output_split_sizes or []), list(input_split_sizes or []), o,
@@ -285,9 +295,9 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def barrier(self, opts: Any = None) -> TorchWork:
         lane = self._lane
         if lane is not None and opt.lane_ok(opts, _BarrierOptions) and not opts.device_ids:
-            seq = lane.lean_barrier()
-            if seq:
-                return TorchWork(CompletedWork("barrier", [], seq))
+            work = _laned(lane.lean_barrier(opts.asyncOp is False), "barrier", [])
+            if work is not None:
+                return work
         return TorchWork(self._engine.barrier(opt.barrier(opts), _sync=opt.is_sync(opts)))
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:

@@ -39,8 +39,9 @@ _LANE_OPS = {getattr(tdist.ReduceOp.RedOpType, t.name).value: getattr(ReduceOp, 
 
 def lane_ok(opts: Any, cls: type) -> bool:
     """Whether a call with torch's ``opts`` may take the engine's lean lane: options of
-    torch's ``cls`` (not a subclass that may mean more), synchronous, no timeout of its own."""
-    return opts.__class__ is cls and opts.asyncOp is False and opts.timeout == _TORCH_UNSET
+    torch's ``cls`` (not a subclass that may mean more), no timeout of its own. (An
+    asynchronous call, ``opts.asyncOp``, is started there; see ``LaneOps._start_step``.)"""
+    return opts.__class__ is cls and opts.timeout == _TORCH_UNSET
 
 
 def lane_op(opts: Any) -> ReduceOp | None:

@@ -234,6 +234,22 @@ class Arena:
                 futex.wake(addr)
                 return
 
+    def reached_by_all(self, c: int, spin_s: float = 0.0) -> bool:
+        """Whether every rank has posted phase ``c``, looking for up to ``spin_s`` seconds
+        (yielding the CPU between looks where ranks outnumber CPUs, as ``wait`` does)."""
+        words, ctr = self.words, self._ctr
+        if all(((words[i] - c) & _M) < 0x80000000 for i in ctr):
+            return True
+        if spin_s <= 0:
+            return False
+        end = time.perf_counter() + spin_s
+        while time.perf_counter() < end:
+            if self.yield_spin:
+                os.sched_yield()
+            if all(((words[i] - c) & _M) < 0x80000000 for i in ctr):
+                return True
+        return False
+
     def wait_all(self, c: int, deadline: float, op: str, spin_s: float | None = None) -> None:
         words = self.words
         for p, i in enumerate(self._ctr):

@@ -294,7 +294,8 @@ def _queued_first(rank: int, ws: int) -> list:
     t = torch.ones(2)
     dist.all_reduce(t)
     general = _count_general(engine)
-    a = torch.full((1000,), float(rank + 1))  # async: queued on the progress thread
+    # async and strided (the lane takes contiguous tensors only): queued on the progress thread
+    a = torch.full((2000,), float(rank + 1))[::2]
     b = torch.tensor([rank + 1.0, 1.0])  # the warmed key
     if rank == 1:
         time.sleep(0.5)  # rank 0's async call waits for this one: still pending at its next
