@@ -265,16 +265,24 @@ class LaneOps(Engine):
             self._hand_off(started[0])
 
     def _finish_started(self, work: StartedWork, block: bool = True) -> None:
-        """Finish ``work`` on this thread if it is still the started one (``block=False``:
-        only if that needs no waiting)."""
+        """Finish ``work`` on this thread if it is still the started one. ``block=False`` (a
+        poll, ``is_completed``): only if that needs no waiting; else the progress thread
+        takes it, so that a caller polling it still sees it complete, time out or name a
+        dead peer, as it would had it been queued."""
         if not self._exec.acquire(block):
             return
+        waiting = False
         try:
             started = self._started
-            if started is not None and started[0] is work and (block or started[1].ready(started[4])):
-                self._complete_started()
+            if started is not None and started[0] is work:
+                if block or started[1].ready(started[4]):
+                    self._complete_started()
+                else:
+                    waiting = True
         finally:
             self._exec.release()
+        if waiting:
+            self._hand_off(work)
 
     def _complete_started(self) -> None:
         """Run the started operation's finish; the caller holds ``_exec``. (Its Work has no

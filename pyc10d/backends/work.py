@@ -108,9 +108,10 @@ class StartedWork(Work):
     posted, its peers need nothing more from this rank, and what remains (waiting for their
     posts, writing the output) is local (``algorithms.shm_comm.split_step``). The engine
     finishes it when the result is needed first: here in ``wait`` (on the waiting thread,
-    no hop to the progress thread), at the group's next operation, or on the progress
-    thread once something must complete without a waiting caller (a bounded ``wait``, a
-    future's callbacks)."""
+    no hop to the progress thread), in ``is_completed`` if its peers have all posted, at the
+    group's next operation, or on the progress thread once something must complete without
+    a waiting caller (a bounded ``wait``, a future's callbacks, a poll that found it not
+    ready: it must still time out or fail on a dead peer)."""
 
     def __init__(self, engine: Any, opname: str, outputs: Any, seq: int) -> None:  # noqa: D107
         super().__init__(opname, outputs, seq)

@@ -284,3 +284,31 @@ def test_calls_on_the_general_path_wait_for_a_started_one() -> None:
         for i, (a, s, g) in enumerate(r):
             assert a == [3.0 + 2 * i] * 4 and s == [3.0] * 4, (i, a, s)
             assert g == ([1.0, 2.0] if rank == 0 else None)
+
+
+def _polled_dead_peer(rank: int, ws: int) -> dict:
+    """Rank 0 polls a started call whose peer died: it must complete (failed), not stay
+    pending for ever; ``wait`` then raises the dead peer's error."""
+    import pyc10d as dist
+
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    if rank == 1:
+        os._exit(0)
+    work = dist.all_reduce(t, async_op=True)
+    t0 = time.monotonic()
+    while not work.is_completed() and time.monotonic() - t0 < 10:
+        time.sleep(0.01)
+    took = time.monotonic() - t0
+    try:
+        work.wait()
+    except Exception as e:  # noqa: BLE001
+        return {"took": took, "started": _started(work), "error": f"{type(e).__name__}: {e}"}
+    return {"took": took, "started": _started(work), "error": "no error"}
+
+
+def test_polling_a_started_call_whose_peer_died_ends_in_its_error() -> None:
+    r = run_ranks("shm", 2, _polled_dead_peer, pg_timeout=20, may_exit=(1,))[0]
+    assert r["started"]
+    assert r["took"] < 3.0, r
+    assert r["error"].startswith("DistNetworkError: allreduce #2 in group") and "rank 1" in r["error"], r
