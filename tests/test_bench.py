@@ -72,7 +72,7 @@ def _time_on_threads(op_name: str, sabotage: bool, world: int = 2, mode: str = "
     from contextlib import nullcontext
 
     import pyc10d
-    from pyc10d.bench.worker import Op, time_op
+    from pyc10d.bench.worker import Op, function_name, time_op
     from pyc10d.testing.sabotage import skip_call
 
     store, verdicts, errors = pyc10d.HashStore(), [None] * world, []
@@ -88,7 +88,7 @@ def _time_on_threads(op_name: str, sabotage: bool, world: int = 2, mode: str = "
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    with skip_call(pyc10d, op_name, 2) if sabotage else nullcontext():
+    with skip_call(pyc10d, function_name(pyc10d, op_name), 2) if sabotage else nullcontext():
         threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
         for t in threads:
             t.start()
