@@ -35,7 +35,8 @@ and one wait (``shm_comm.split_step``) posts this rank's part on the issuing thr
 ``finish`` (the peers' posts, the output) waits in ``_started`` until the result is needed
 (``StartedWork``). Through the general path the same call is a job the progress thread is
 woken for, then a second hand-off back to the waiter: 97-188 us an 8 B-64 KiB call at n=2
-against 15-55 us synchronous, in ``python -m pyc10d.bench --mode async`` (checked).
+against 15-55 us synchronous, in ``python -m pyc10d.bench --mode async`` (checked); started
+here, 28-123 us in the same benchmark (docs/performance.md, "Asynchronous calls").
 """
 
 from __future__ import annotations
