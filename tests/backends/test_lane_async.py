@@ -334,3 +334,38 @@ def test_polling_a_started_call_whose_peer_died_ends_in_its_error() -> None:
     assert r["started"]
     assert r["took"] < 3.0, r
     assert r["error"].startswith("DistNetworkError: allreduce #2 in group") and "rank 1" in r["error"], r
+
+
+def _never_joined(rank: int, ws: int, module: str) -> dict:
+    """Rank 1 never joins rank 0's started all_reduce: its ``wait`` times out at the group's
+    timeout, naming rank 1, and the flight recorder marks it failed."""
+    dist = importlib.import_module(module)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    if rank == 1:
+        time.sleep(4.0)
+        return {}
+    t0 = time.monotonic()
+    work = dist.all_reduce(t, async_op=True)
+    try:
+        work.wait()
+    except Exception as e:  # noqa: BLE001
+        error = f"{type(e).__name__}: {e}"
+        torch_type = isinstance(e, torch.distributed.DistBackendError)
+    else:
+        error, torch_type = "no error", False
+    pg = dist.group.WORLD
+    engine = pg.engine if hasattr(pg, "engine") else pg._get_backend()
+    return {"error": error, "took": time.monotonic() - t0, "started": _started(work), "torch_type": torch_type,
+            "last": engine.recorder.entries()[-1]}
+
+
+@pytest.mark.parametrize("module", ["pyc10d", "torch.distributed"])
+def test_a_started_call_times_out_at_wait_naming_the_absent_rank(module: str) -> None:
+    r = run_ranks(_backend(module), 2, _never_joined, module, dist_module=module, pg_timeout=1.5)[0]
+    assert r["started"]
+    assert r["torch_type"] == (module == "torch.distributed")
+    assert r["error"].startswith("DistTimeoutError: allreduce #2 in group"), r["error"]
+    assert "Timed out" in r["error"] and "rank 1" in r["error"], r["error"]
+    assert 1.2 < r["took"] < 4.0, r
+    assert r["last"]["seq"] == 2 and r["last"]["op"] == "allreduce" and r["last"]["state"] == "failed", r["last"]
