@@ -303,9 +303,18 @@ class LaneOps(Engine):
         self._ended(work.seq, work.opname, error)
         work._finish(error)
 
-    def _hand_off(self, work: StartedWork) -> None:
-        """Give ``work``'s finish to the progress thread, ahead of anything queued after it."""
-        with self._exec, self._lock:
+    def _hand_off(self, work: StartedWork, block: bool = True) -> None:
+        """Give ``work``'s finish to the progress thread, ahead of anything queued after it
+        (``block=False``: not if another thread is running an operation of the group)."""
+        if not self._exec.acquire(block):
+            return
+        try:
+            self._queue_started(work)
+        finally:
+            self._exec.release()
+
+    def _queue_started(self, work: StartedWork) -> None:
+        with self._lock:
             started = self._started
             if started is None or started[0] is not work:
                 return

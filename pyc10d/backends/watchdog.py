@@ -12,7 +12,10 @@ daemon thread per process:
 * watches the collectives in flight: one that has waited longer than ``PYC10D_STUCK_WARN_S``
   (default 10 s) is reported once, on every waiting rank, as a warning on the ``pyc10d``
   logger naming the ranks that have not entered it and the last collective each completed.
-  The same words end the error a collective raises when its timeout expires.
+  The same words end the error a collective raises when its timeout expires;
+* hands an asynchronous call started on the lean lane (``lane.LaneOps._start_step``) that
+  nobody came back to within a period to the group's progress thread, which waits it out
+  as a queued call (it times out, names a dead peer and aborts the group in the background).
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ KEY = "pyc10d/progress"
 
 def warn_after() -> float:
     return float(os.environ.get("PYC10D_STUCK_WARN_S", "10"))
+
+
+def period() -> float:
+    """Seconds between the watchdog's looks: 2, or less when ``PYC10D_STUCK_WARN_S`` is below 8."""
+    return max(0.2, min(2.0, warn_after() / 4))
 
 
 class Watchdog:
@@ -55,13 +63,12 @@ class Watchdog:
 
     def _run(self) -> None:
         while True:
-            period = max(0.2, min(2.0, warn_after() / 4))
-            self._wake.wait(period)
+            self._wake.wait(period())
             with self._lock:
                 engines = list(self._engines)
             # every rank of this process publishes before any of them looks at the others
             # (ranks as threads share this loop)
-            for step in (publish, check):
+            for step in (publish, check, unattended):
                 for engine in engines:
                     try:
                         step(engine)
@@ -153,6 +160,15 @@ def check(engine: Any) -> None:
     text = describe_stuck(engine, seq, opname)
     log.warning("pyc10d: rank %d has waited %.0f s in %s #%d of group %r; %s", engine.rank(), waited, opname,
                 seq, engine.group_name, text or "every rank has entered it")
+
+
+
+def unattended(engine: Any) -> None:
+    """A started call older than a period (``period()``) that its caller has not waited for,
+    polled or followed with another call: its finish goes to the progress thread."""
+    started = getattr(engine, "_started", None)
+    if started is not None and time.monotonic() - started[-1] > period():
+        engine._hand_off(started[0], block=False)
 
 
 WATCHDOG = Watchdog()

@@ -111,7 +111,8 @@ class StartedWork(Work):
     no hop to the progress thread), in ``is_completed`` if its peers have all posted, at the
     group's next operation, or on the progress thread once something must complete without
     a waiting caller (a bounded ``wait``, a future's callbacks, a poll that found it not
-    ready: it must still time out or fail on a dead peer)."""
+    ready: it must still time out or fail on a dead peer; the watchdog's look, when nobody
+    came back to it within a period, ``watchdog.unattended``)."""
 
     def __init__(self, engine: Any, opname: str, outputs: Any, seq: int) -> None:  # noqa: D107
         super().__init__(opname, outputs, seq)

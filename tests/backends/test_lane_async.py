@@ -369,3 +369,39 @@ def test_a_started_call_times_out_at_wait_naming_the_absent_rank(module: str) ->
     assert "Timed out" in r["error"] and "rank 1" in r["error"], r["error"]
     assert 1.2 < r["took"] < 4.0, r
     assert r["last"]["seq"] == 2 and r["last"]["op"] == "allreduce" and r["last"]["state"] == "failed", r["last"]
+
+
+def _unattended(rank: int, ws: int, peer: str) -> dict:
+    """Rank 0 starts a call and then leaves the group alone (no wait, poll or call) for 3 s;
+    its peer arrives 1 s late (``late``) or has died (``dead``). The watchdog (a 0.2 s period
+    here) hands the call to the progress thread, which completes it, or fails it naming the
+    dead peer, in the background: the first look after the pause finds it done."""
+    os.environ["PYC10D_STUCK_WARN_S"] = "0.8"  # the watchdog's period: 0.2 s
+    import pyc10d as dist
+
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    if rank == 1:
+        if peer == "dead":
+            os._exit(0)
+        time.sleep(1.0)
+        dist.all_reduce(t)
+        return {}
+    t.fill_(5.0)
+    work = dist.all_reduce(t, async_op=True)
+    started = _started(work)
+    time.sleep(3.0)
+    done = work._finished  # not ``is_completed``: a poll would finish or hand it off itself
+    error = work.exception()
+    return {"started": started, "done": done, "t": t.tolist(),
+            "error": None if error is None else f"{type(error).__name__}: {error}"}
+
+
+@pytest.mark.parametrize("peer", ["late", "dead"])
+def test_a_started_call_left_alone_completes_in_the_background(peer: str) -> None:
+    r = run_ranks("shm", 2, _unattended, peer, pg_timeout=20, may_exit=(1,) if peer == "dead" else ())[0]
+    assert r["started"] and r["done"], r
+    if peer == "late":
+        assert r["error"] is None and r["t"] == [7.0, 7.0], r
+    else:
+        assert r["error"].startswith("DistNetworkError: allreduce #2 in group") and "rank 1" in r["error"], r
