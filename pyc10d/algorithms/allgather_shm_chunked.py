@@ -17,8 +17,8 @@ from .shm_comm import (
     ShmComm,
     await_phase,
     descriptor_head,
+    input_start,
     nbytes_of,
-    open_phase,
     split_step,
 )
 
@@ -71,12 +71,6 @@ def allgather_shm_flat_step(comm: ShmComm, dtype: torch.dtype, k: int):  # noqa:
 
     op = "allgather_into_tensor"
 
-    def start(out: torch.Tensor, inp: torch.Tensor, deadline: float, timeout: float) -> int:
-        c = open_phase(arena, head, nbytes, deadline, timeout, op)
-        mine[c & 1].copy_(flat(inp))
-        arena.post(c)
-        return c
-
     def finish(out: torch.Tensor, inp: torch.Tensor, c: int, deadline: float) -> None:
         await_phase(arena, c, deadline, op)
         if cat is not None:
@@ -84,4 +78,4 @@ def allgather_shm_flat_step(comm: ShmComm, dtype: torch.dtype, k: int):  # noqa:
         else:
             out.view(n, k).copy_(slots[c & 1])
 
-    return split_step(arena, op, start, finish)
+    return split_step(arena, op, input_start(arena, head, nbytes, op, mine), finish)

@@ -21,8 +21,8 @@ from .shm_comm import (
     ShmComm,
     await_phase,
     descriptor_head,
+    input_start,
     nbytes_of,
-    open_phase,
     reduce_many,
     reduce_rows,
     split_step,
@@ -92,12 +92,6 @@ def reduce_scatter_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype
 
     op_name = "reduce_scatter_tensor"
 
-    def start(out: torch.Tensor, inp: torch.Tensor, deadline: float, timeout: float) -> int:
-        c = open_phase(arena, head, nbytes, deadline, timeout, op_name)
-        mine[c & 1].copy_(flat(inp))
-        arena.post(c)
-        return c
-
     def finish(out: torch.Tensor, inp: torch.Tensor, c: int, deadline: float) -> None:
         await_phase(arena, c, deadline, op_name)
         o = flat(out)
@@ -105,4 +99,4 @@ def reduce_scatter_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype
         if avg:
             o.div_(n)
 
-    return split_step(arena, op_name, start, finish)
+    return split_step(arena, op_name, input_start(arena, head, nbytes, op_name, mine), finish)

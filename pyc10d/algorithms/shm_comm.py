@@ -17,7 +17,7 @@ from ..errors import DistBackendError
 from ..transport.shm_arena import Arena
 from ..types import RedOpType, ReduceOp
 from . import profiling
-from .comm import dtype_code, dtype_name
+from .comm import dtype_code, dtype_name, flat
 from .reduce_ops import kernel
 
 OPCODES = {"allreduce": 1, "reduce": 2, "broadcast": 3, "allgather": 4, "reduce_scatter": 5,
@@ -155,6 +155,19 @@ def split_step(arena: Arena, op: str, start, finish):  # noqa: ANN001, ANN201 - 
 
     step.start, step.finish, step.ready, step.wait = start, finish, ready, wait
     return step
+
+
+def input_start(arena: Arena, head: int, nbytes: int, op: str, mine: list[torch.Tensor]):  # noqa: ANN201
+    """The ``start`` half (``split_step``) of a step whose part is its whole input ``y``,
+    copied into this rank's span of the phase's slots (``mine[parity]``, contiguous)."""
+
+    def start(x: torch.Tensor, y: torch.Tensor, deadline: float, timeout: float) -> int:
+        c = open_phase(arena, head, nbytes, deadline, timeout, op)
+        mine[c & 1].copy_(flat(y))
+        arena.post(c)
+        return c
+
+    return start
 
 
 def descriptor_head(collective: str, dtype: torch.dtype | None, red: ReduceOp | None = None, root: int = 0) -> int:

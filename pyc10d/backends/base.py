@@ -96,7 +96,7 @@ class Engine:
     #: An asynchronous operation started on the lean lane and not finished (``lane.LaneOps``
     #: sets it; it counts in ``_pending``): every later operation of the group settles it
     #: first (``_settle_started``), since this rank may post nothing more before it is done.
-    _started: tuple | None = None
+    _started: Any = None
     #: Fingerprint every collective's messages (``PYC10D_DESYNC_CHECK=0`` turns it off).
     desync_check = os.environ.get("PYC10D_DESYNC_CHECK", "1") != "0"
 
@@ -387,7 +387,7 @@ class Engine:
         """
         work, fn, channel, timeout, now, red, root = job
         started = self._started
-        if started is not None and started[0] is not work:  # (an issue that raced the lane's start)
+        if started is not None and started.work is not work:  # (an issue that raced the lane's start)
             self._complete_started()
         error: BaseException | None = None
         log = self.recorder

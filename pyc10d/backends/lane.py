@@ -42,7 +42,7 @@ here, 28-123 us in the same benchmark (docs/performance.md, "Asynchronous calls"
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.autograd import profiler as _torch_profiler
@@ -66,6 +66,21 @@ _Tensor = torch.Tensor
 #: output (what the flight recorder describes; None for a barrier), ``y`` its input or None
 #: (in place).
 Step = Callable[[Any, Any, float, float], None]
+
+
+class Started(NamedTuple):
+    """An asynchronous call started on the lane and not finished (``LaneOps._started``)."""
+
+    work: StartedWork
+    step: Step  # its ``finish``, ``ready`` and ``wait`` (``shm_comm.split_step``)
+    x: Any
+    y: Any
+    c: int  # the phase it posted
+    deadline: float
+    timeout: float
+    red: ReduceOp | None
+    root: int
+    since: float  # when it started (monotonic)
 
 
 def _plain(t: Any) -> bool:
@@ -159,9 +174,7 @@ class LaneOps(Engine):
     def _run_step(self, opname: str, red: ReduceOp | None, root: int, x: torch.Tensor | None,
                   y: torch.Tensor | None, step: Step) -> int:
         """Run ``step`` as the group's next operation, with the engine's bookkeeping."""
-        started = self._started
-        if started is not None:  # this call waits for its peers anyway: finish that one here
-            self._finish_started(started[0])
+        self._settle_started(True)  # this call waits for its peers anyway: finish that one here
         lock = self._lock
         lock.acquire()
         if (self._pending or self._closed or self._broken is not None or self._desync is not None
@@ -247,7 +260,7 @@ class LaneOps(Engine):
             work._finish(error)
             return work
         self._running_op = None
-        self._started = (work, step, x, y, c, now + timeout, timeout, red, root, now)
+        self._started = Started(work, step, x, y, c, now + timeout, timeout, red, root, now)
         self._exec.release()
         return work
 
@@ -260,10 +273,10 @@ class LaneOps(Engine):
         started = self._started
         if started is None:
             return
-        if block or started[1].ready(started[4], True):
-            self._finish_started(started[0])
+        if block or started.step.ready(started.c, True):
+            self._finish_started(started.work)
         else:
-            self._hand_off(started[0])
+            self._hand_off(started.work)
 
     def _finish_started(self, work: StartedWork, block: bool = True) -> None:
         """Finish ``work`` on this thread if it is still the started one. ``block=False`` (a
@@ -275,8 +288,8 @@ class LaneOps(Engine):
         waiting = False
         try:
             started = self._started
-            if started is not None and started[0] is work:
-                if block or started[1].ready(started[4]):
+            if started is not None and started.work is work:
+                if block or started.step.ready(started.c):
                     self._complete_started()
                 else:
                     waiting = True
@@ -293,11 +306,11 @@ class LaneOps(Engine):
         if started is None:
             return
         self._started = None
-        work, step, x, y, c, deadline, _, _, _, now = started
-        self._running_op = (work.seq, work.opname, now)
+        work = started.work
+        self._running_op = (work.seq, work.opname, started.since)
         error = None
         try:
-            step.finish(x, y, c, deadline)
+            started.step.finish(started.x, started.y, started.c, started.deadline)
         except BaseException as e:  # noqa: BLE001 - handed to the waiter
             error = self._failed(e, work)
         self._ended(work.seq, work.opname, error)
@@ -309,27 +322,23 @@ class LaneOps(Engine):
         if not self._exec.acquire(block):
             return
         try:
-            self._queue_started(work)
+            with self._lock:
+                s = self._started
+                if s is None or s.work is not work:
+                    return
+                self._started = None
+
+                def finish(_: Any) -> None:
+                    s.step.wait(s.c, s.deadline)  # the ordinary spin: this thread may run beside the caller
+                    s.step.finish(s.x, s.y, s.c, s.deadline)
+
+                channel = (self.group_key << 32) | (work.seq & 0x7FFFFFFF)
+                self._enqueue((work, finish, channel, s.timeout, s.since, s.red, s.root), first=True)
         finally:
             self._exec.release()
-
-    def _queue_started(self, work: StartedWork) -> None:
-        with self._lock:
-            started = self._started
-            if started is None or started[0] is not work:
-                return
-            self._started = None
-            _, step, x, y, c, deadline, timeout, red, root, now = started
-
-            def finish(_: Any) -> None:
-                step.wait(c, deadline)  # the ordinary spin: this thread may run beside the caller
-                step.finish(x, y, c, deadline)
-
-            channel = (self.group_key << 32) | (work.seq & 0x7FFFFFFF)
-            self._enqueue((work, finish, channel, timeout, now, red, root), first=True)
 
     def shutdown(self) -> None:
         started = self._started
         if started is not None:
-            self._hand_off(started[0])
+            self._hand_off(started.work)
         super().shutdown()

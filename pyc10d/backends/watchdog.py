@@ -162,13 +162,12 @@ def check(engine: Any) -> None:
                 seq, engine.group_name, text or "every rank has entered it")
 
 
-
 def unattended(engine: Any) -> None:
     """A started call older than a period (``period()``) that its caller has not waited for,
     polled or followed with another call: its finish goes to the progress thread."""
     started = getattr(engine, "_started", None)
-    if started is not None and time.monotonic() - started[-1] > period():
-        engine._hand_off(started[0], block=False)
+    if started is not None and time.monotonic() - started.since > period():
+        engine._hand_off(started.work, block=False)
 
 
 WATCHDOG = Watchdog()

@@ -107,22 +107,21 @@ def _make(dist: ModuleType, op: str, count: int, rank: int, n: int, k: int, asyn
         for o in outs:
             o.fill_(POISON)
 
+    call = getattr(dist, function_name(dist, op), None)
     if op == "all_gather_into_tensor":
         inp = torch.full((part,), mine)
         gathered = torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(part)
-        gather = getattr(dist, function_name(dist, op))
-        return ((lambda i: gather(outs[i], inp, **kw)),
+        return ((lambda i: call(outs[i], inp, **kw)),
                 (lambda: all(torch.equal(o, gathered) for o in outs)), poison)
     if op == "reduce_scatter_tensor":
         inp = torch.full((count,), mine)
-        scatter = getattr(dist, function_name(dist, op))
-        return ((lambda i: scatter(outs[i], inp, **kw)),
+        return ((lambda i: call(outs[i], inp, **kw)),
                 (lambda: all(bool((o == total).all()) for o in outs)), poison)
     if op == "all_to_all_single":
         # chunk j of rank r holds r*n + j; rank r receives chunk r of every rank j
         inp = (rank * n + torch.arange(n, dtype=torch.float32)).repeat_interleave(part)
         exchanged = (torch.arange(n, dtype=torch.float32) * n + rank).repeat_interleave(part)
-        return ((lambda i: dist.all_to_all_single(outs[i], inp, **kw)),
+        return ((lambda i: call(outs[i], inp, **kw)),
                 (lambda: all(torch.equal(o, exchanged) for o in outs)), poison)
     raise ValueError(f"unknown op {op!r}")
 

@@ -238,17 +238,14 @@ class Arena:
         """Whether every rank has posted phase ``c``, looking for up to ``spin_s`` seconds
         (yielding the CPU between looks where ranks outnumber CPUs, as ``wait`` does)."""
         words, ctr = self.words, self._ctr
-        if all(((words[i] - c) & _M) < 0x80000000 for i in ctr):
-            return True
-        if spin_s <= 0:
-            return False
         end = time.perf_counter() + spin_s
-        while time.perf_counter() < end:
+        while True:
+            if all(_reached(words[i], c) for i in ctr):
+                return True
+            if time.perf_counter() >= end:
+                return False
             if self.yield_spin:
                 os.sched_yield()
-            if all(((words[i] - c) & _M) < 0x80000000 for i in ctr):
-                return True
-        return False
 
     def wait_all(self, c: int, deadline: float, op: str, spin_s: float | None = None) -> None:
         words = self.words
