@@ -99,24 +99,55 @@ def _time_on_threads(op_name: str, sabotage: bool, world: int = 2, mode: str = "
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("mode", ["loop", "async"])
+@pytest.mark.parametrize("mode", ["loop", "async", "spaced"])
 @pytest.mark.parametrize("op_name", metrics.OPS)
 def test_the_check_fails_when_one_timed_call_does_nothing(op_name: str, mode: str) -> None:
     """Outputs are poisoned and inputs reset before every timed loop: a call that writes
     nothing (run on a clone, so the ranks stay in step) fails the check; untouched, it passes.
-    ``async``: the K calls are issued with ``async_op=True`` and their Works waited at the end."""
+    ``async``: the K calls are issued with ``async_op=True`` and their Works waited at the end;
+    ``spaced``: each call after a millisecond of busy work."""
     assert _time_on_threads(op_name, sabotage=False, mode=mode) == [True, True]
     verdicts = _time_on_threads(op_name, sabotage=True, mode=mode)
     # broadcast's root and reduce's non-root hold the right values without the call
     assert not all(verdicts), f"{op_name}: a call that did nothing passed the check"
 
 
+def test_spaced_figures_leave_the_gap_out() -> None:
+    """``--mode spaced``: every call follows ``GAP_S`` of busy work, and the figure is the
+    call's alone (a call that costs nothing reads under the gap, never below zero; the gap
+    itself is really spent)."""
+    import time
+
+    import torch
+
+    from pyc10d.bench import timing
+    from pyc10d.bench.worker import Op, time_op
+
+    class OneRankDist:
+        ReduceOp = type("R", (), {"MAX": "max"})
+
+        def all_reduce(self, t: torch.Tensor, op: object = None, group: object = None) -> None:
+            pass
+
+        def barrier(self, group: object = None) -> None:
+            pass
+
+    dist = OneRankDist()
+    t0 = time.perf_counter()
+    times, ok = time_op(dist, Op(dist, "all_reduce", 4, 0, 1, 8), 8, 3, "spaced")
+    took = time.perf_counter() - t0
+    assert ok and len(times) == 3
+    assert all(0 <= t < timing.GAP_S / 2 for t in times), times
+    assert took >= 4 * 8 * timing.GAP_S  # the warm-up loop and three timed ones, 8 gaps each
+
+
 def test_the_c_reference_only_times_blocking_loops(capsys: pytest.CaptureFixture[str]) -> None:
-    """mpi_worker times loops of blocking calls; beside another mode its figures would be
-    compared with something else, so the driver refuses the pair."""
+    """mpi_worker times loops of blocking calls (back to back or spaced); beside another mode
+    its figures would be compared with something else, so the driver refuses the pair."""
     from pyc10d.bench.__main__ import parse_args
 
     assert parse_args(["--peer", "mpi"]).mode == "loop"
+    assert parse_args(["--peer", "mpi", "--mode", "spaced"]).mode == "spaced"
     assert parse_args(["--mode", "async"]).mode == "async"
     for mode in ("async", "barrier"):
         with pytest.raises(SystemExit):

@@ -24,9 +24,9 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
            PYTHONPATH=str(HERE.parent))
 
 
-def _ranks(script: list[str], out: Path, n: int = 2) -> list[dict]:
+def _ranks(script: list[str], out: Path, n: int = 2, mode: str = "loop") -> list[dict]:
     cmd = [mpirun(), "--oversubscribe", "-np", str(n), sys.executable, *script,
-           "--ops", OPS, "--sizes", "8,4096", "--iters", "10", "--out", str(out)]
+           "--ops", OPS, "--sizes", "8,4096", "--iters", "10", "--mode", mode, "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=50, env=ENV)
     assert res.returncode == 0, res.stdout + res.stderr
     return json.loads(out.read_text())
@@ -40,8 +40,10 @@ def test_every_op_is_right_under_mpirun(tmp_path: Path) -> None:
         assert r["time_us"] > 0 and r["ops_per_loop"] >= 2
 
 
-def test_the_check_fails_when_one_timed_call_does_nothing(tmp_path: Path) -> None:
-    recs = _ranks([str(HERE / "_mpi_noop_rank.py")], tmp_path / "noop.json")
+@pytest.mark.parametrize("mode", ["loop", "spaced"])
+def test_the_check_fails_when_one_timed_call_does_nothing(tmp_path: Path, mode: str) -> None:
+    recs = _ranks([str(HERE / "_mpi_noop_rank.py")], tmp_path / "noop.json", mode=mode)
+    assert {r["mode"] for r in recs} == {mode}
     wrong = sorted(r["op"] for r in recs if not r["correct"])
     # every op and size: every rank skipped the same timed call, whose output stayed poisoned
     # (NaN, or for the in-place ops the restored input)

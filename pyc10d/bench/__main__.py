@@ -143,10 +143,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="sizes added to the grid when within min..max (default 16M)")
     p.add_argument("--iters", type=int, default=100,
                    help="timed ops per figure up to 1 MiB (5 loops), scaled down above (min 10)")
-    p.add_argument("--mode", choices=("loop", "barrier", "async"), default="loop",
+    p.add_argument("--mode", choices=("loop", "barrier", "async", "spaced"), default="loop",
                    help="loop (default): each figure is a loop of K ops back to back / K, max over "
                    "ranks; barrier: a barrier before each op (hides ranks drifting apart); async: "
-                   "K ops issued with async_op=True back to back, then every Work waited / K")
+                   "K ops issued with async_op=True back to back, then every Work waited / K; "
+                   "spaced: the loop with 1 ms of busy work before each op, taken off (a call as "
+                   "a training step makes it, between its kernels)")
     p.add_argument("--rounds", type=int, default=2,
                    help="run every job this many times, interleaved, and keep each figure's "
                    "fastest round (default 2)")
@@ -159,7 +161,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.backends += [b for b in args.peer if b not in args.backends]
     if any(b != "mpi" for b in args.peer):
         p.error("--peer: only 'mpi' is known")
-    if "mpi" in args.backends and args.mode != "loop":
+    if "mpi" in args.backends and args.mode not in ("loop", "spaced"):
         p.error(f"--mode {args.mode}: the C reference (mpi) times loops of blocking calls only")
     args.ops = [metrics.ALIASES.get(op, op) for op in args.ops]
     bad = [op for op in args.ops if op not in metrics.BUS_FACTOR]

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pyc10d.bench import metrics
+from pyc10d.bench import metrics, timing
 
 Run = Callable[[int], Any]
 
@@ -86,9 +86,13 @@ def _make(comm: Any, mpi: Any, op: str, count: int, rank: int, n: int, k: int
 
 
 def time_op(comm: Any, mpi: Any, run: Run, check: Callable[[], bool], reset: Callable[[], None],
-            k: int, reps: int) -> tuple[list[float], bool]:
+            k: int, reps: int, mode: str = "loop") -> tuple[list[float], bool]:
     """Seconds per op for each of ``reps`` loops of K calls back to back (max over ranks), and
-    whether every timed call's output was right; one untimed loop first, as ``worker.py``."""
+    whether every timed call's output was right; one untimed loop first, as ``worker.py``.
+    ``mode="spaced"``: ``timing.GAP_S`` of busy work before every call, taken off again."""
+    gap = timing.GAP_S if mode == "spaced" else 0.0
+    if gap:
+        run = timing.spaced(run, gap)
     for i in range(k):
         run(i)
     times = np.empty(reps, np.float64)
@@ -102,7 +106,7 @@ def time_op(comm: Any, mpi: Any, run: Run, check: Callable[[], bool], reset: Cal
         times[r] = (time.perf_counter() - t0) / k
         ok = ok and check()
     comm.Allreduce(mpi.IN_PLACE, times, op=mpi.MAX)
-    return times.tolist(), ok
+    return [timing.per_call(t, gap) for t in times.tolist()], ok
 
 
 def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -117,12 +121,12 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
             size = count * metrics.DTYPE_BYTES
             k, reps = metrics.loop_shape(size, args.iters)
             run, check, reset = _make(comm, MPI, op, count, rank, n, k)
-            times, correct = time_op(comm, MPI, run, check, reset, k, reps)
+            times, correct = time_op(comm, MPI, run, check, reset, k, reps, args.mode)
             correct = bool(comm.allreduce(int(correct), op=MPI.MIN))
             med = statistics.median(times)
             algbw, busbw = metrics.bandwidths(op, size, med, n)
             records.append({
-                "kind": "collective", "backend": "mpi", "op": op, "mode": "loop", "world_size": n,
+                "kind": "collective", "backend": "mpi", "op": op, "mode": args.mode, "world_size": n,
                 "bytes": size, "count": count, "dtype": "float32", "iters": k * reps,
                 "ops_per_loop": k, "loops": reps, "time_us": med * 1e6,
                 "mean_us": statistics.fmean(times) * 1e6, "min_us": min(times) * 1e6,
@@ -142,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", required=True)
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--out", required=True)
-    args, _ = p.parse_known_args(argv)  # the driver's other options (--backend, --mode) too
+    p.add_argument("--mode", choices=("loop", "spaced"), default="loop")
+    args, _ = p.parse_known_args(argv)  # the driver's other options (--backend) too
     records = bench(args)
     from mpi4py import MPI
 

@@ -8,7 +8,9 @@ Every rank joins the group over ``env://``; for each op and size it builds K set
 buffers, and times loops of K calls back to back (``--mode loop``, the default), K calls
 each after a barrier (``--mode barrier``), or K calls issued with ``async_op=True`` back to
 back and then every Work waited (``--mode async``: DDP's buckets, FSDP's prefetches, a
-pipeline's sends); every loop starts from poisoned outputs and fresh
+pipeline's sends), or K calls each after a millisecond of the caller's own busy work, that
+millisecond taken off (``--mode spaced``: a call as a training step makes it, its caches
+cold; ``timing.spaced``); every loop starts from poisoned outputs and fresh
 inputs (see ``Op``), and every timed call's result is checked against values computed
 locally. Each loop's time per op is reduced with MAX over the ranks (the op is done when its
 slowest rank is), and rank 0 writes one record per (op, size) with the median, mean and min
@@ -133,7 +135,8 @@ def time_op(dist: ModuleType, op: Op, k: int, reps: int, mode: str) -> tuple[lis
     ``loop`` (the default, as training code calls collectives and nccl-tests times them):
     ``timing.back_to_back``: ``barrier(); t0; K ops back to back; (t1 - t0) / K``: ranks
     drifting apart costs what it costs. ``barrier``: a barrier before every op, each op
-    timed alone (a second figure). Every repetition starts from ``op.reset()`` (poisoned
+    timed alone (a second figure). ``spaced``: the loop of ``loop`` with ``timing.GAP_S`` of
+    busy work before every op, less that gap per op. Every repetition starts from ``op.reset()`` (poisoned
     outputs, fresh inputs), untimed, and is checked after its loop.
 
     One untimed loop of K ops first (nccl-tests' warm-up iterations), for every backend: with
@@ -142,13 +145,17 @@ def time_op(dist: ModuleType, op: Op, k: int, reps: int, mode: str) -> tuple[lis
     13.9 us; with the loop, 14.0 / 13.9 and 14.2 / 13.9).
     """
     body = _issue_then_wait(op.run, k) if mode == "async" else op.run
+    if mode == "spaced":
+        body = timing.spaced(body)
     for i in range(k):  # warm-up (every async Work waited); ``reset`` below restores the inputs
         body(i)
     times = torch.empty(reps, dtype=torch.float64)
     ok = True
     for r in range(reps):
         op.reset()
-        if mode != "barrier":  # already the max over ranks
+        if mode == "spaced":  # already the max over ranks
+            times[r] = timing.per_call(timing.back_to_back(dist, body, k), timing.GAP_S)
+        elif mode != "barrier":
             times[r] = timing.back_to_back(dist, body, k)
         else:
             total = 0.0
@@ -179,6 +186,10 @@ def _issue_then_wait(run: Callable[[int], Any], k: int) -> Callable[[int], None]
             works.clear()
 
     return body
+
+
+#: The timing modes (``time_op``).
+MODES = ("loop", "barrier", "async", "spaced")
 
 
 def in_threads(name: str) -> bool:
@@ -261,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", required=True, help="comma-separated op names")
     p.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
     p.add_argument("--iters", type=int, default=30, help="timed ops per figure up to 1 MiB")
-    p.add_argument("--mode", choices=("loop", "barrier", "async"), default="loop",
-                   help="loop: K ops back to back per timing; barrier: a barrier before each op")
+    p.add_argument("--mode", choices=MODES, default="loop",
+                   help="loop: K ops back to back per timing; barrier: a barrier before each op; "
+                        "async: K async ops, then every Work waited; spaced: 1 ms of busy work before each op")
     p.add_argument("--out", required=True, help="JSON file rank 0 writes its records to")
     p.add_argument("--world-size", type=int, default=0,
                    help="ranks as threads of this process (threaded backends; no launcher)")
