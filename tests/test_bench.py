@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -148,6 +149,11 @@ def test_the_c_reference_only_times_blocking_loops(capsys: pytest.CaptureFixture
 
     assert parse_args(["--peer", "mpi"]).mode == "loop"
     assert parse_args(["--peer", "mpi", "--mode", "spaced"]).mode == "spaced"
+    cpus = len(os.sched_getaffinity(0))  # the gap is busy work: ranks sharing a core time each other's
+    with pytest.raises(SystemExit):
+        parse_args(["--mode", "spaced", "--world-sizes", str(cpus + 1)])
+    assert f"--mode spaced: world size {cpus + 1} > {cpus} CPUs" in capsys.readouterr().err
+    assert parse_args(["--mode", "spaced", "--world-sizes", f"1,{cpus + 1}"]).world_sizes == [1]
     assert parse_args(["--mode", "async"]).mode == "async"
     for mode in ("async", "barrier"):
         with pytest.raises(SystemExit):

@@ -161,6 +161,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.backends += [b for b in args.peer if b not in args.backends]
     if any(b != "mpi" for b in args.peer):
         p.error("--peer: only 'mpi' is known")
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    over = [w for w in args.world_sizes if w > cpus] if args.mode == "spaced" else []
+    if over:  # the gap is busy work on every rank: ranks sharing a core would time each other's
+        why = f"--mode spaced: world size {', '.join(map(str, over))} > {cpus} CPUs (a rank's gap needs its own core)"
+        if len(over) == len(args.world_sizes):
+            p.error(why)
+        print(f"{why}: left out", file=sys.stderr)
+        args.world_sizes = [w for w in args.world_sizes if w <= cpus]
     if "mpi" in args.backends and args.mode not in ("loop", "spaced"):
         p.error(f"--mode {args.mode}: the C reference (mpi) times loops of blocking calls only")
     args.ops = [metrics.ALIASES.get(op, op) for op in args.ops]
