@@ -15,6 +15,7 @@ ones (``_allgather_base``, ``_reduce_scatter_base``, ``alltoall_base``,
 
 from __future__ import annotations
 
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -89,12 +90,45 @@ class TorchWork(_TorchWorkBase):
         return f"<TorchWork {self._work!r}>"
 
 
-def _laned(done: Any, opname: str, outputs: list[torch.Tensor]) -> TorchWork | None:
+def _laned(pg: TorchProcessGroup, done: Any, opname: str, outputs: list[torch.Tensor]) -> TorchWork | None:
     """The Work of a call the lean lane took: ``done`` is its sequence number (a synchronous
-    call, run) or the ``StartedWork`` of an asynchronous one; 0 when the lane declined (None)."""
+    call, run) or the ``StartedWork`` of an asynchronous one; 0 when the lane declined (None).
+
+    Every synchronous call of ``pg`` answers the same finished ``TorchWork``, refilled: torch
+    asks for one only to ``wait`` on it at once and drop it (``async_op=False``), and making
+    a torch ``Work`` is a C++ object and two Python ones per call (2.1 us of a call hot, a
+    one-process diagnostic; 0.1 refilled), more again when the caches are cold."""
     if not done:
         return None
-    return TorchWork(CompletedWork(opname, outputs, done) if done.__class__ is int else done)
+    if done.__class__ is not int:
+        return TorchWork(done)
+    work = pg._done
+    if work is None:
+        work = pg._done = TorchWork(_SyncDone())
+    work._future = None
+    work._work.refill(opname, outputs, done)
+    return work
+
+
+class _SyncDone(CompletedWork):
+    """The pyc10d side of a group's shared finished Work (``_laned``): its outputs are held
+    weakly, so that the Work torch dropped does not keep the last call's tensors alive."""
+
+    def __init__(self) -> None:  # noqa: D107
+        super().__init__("noop", None, -1)
+        self._refs: list[weakref.ref] = []
+
+    def refill(self, opname: str, outputs: list[torch.Tensor], seq: int) -> None:
+        self.opname, self.seq, self._future = opname, seq, None
+        self._refs = list(map(weakref.ref, outputs))
+
+    @property
+    def _outputs(self) -> list[torch.Tensor]:  # type: ignore[override] - read by result and the future
+        return [t for t in (r() for r in self._refs) if t is not None]
+
+    @_outputs.setter
+    def _outputs(self, value: Any) -> None:
+        pass  # (CompletedWork's __init__ sets it; the weak references stand for it)
 
 
 def _list(tensors: Any) -> list[torch.Tensor]:
@@ -128,6 +162,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
         self._backend_label = backend_name
         self._group_name = engine.group_name
         self._group_desc = "undefined"
+        self._done: TorchWork | None = None  # every synchronous lane call's Work (``_laned``)
 
     @property
     def engine(self) -> Any:
@@ -165,7 +200,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
         if (lane is not None and tensors.__class__ is list and len(tensors) == 1
                 and opt.lane_ok(opts, _AllreduceOptions)):
             red = opt.lane_op(opts)
-            work = _laned(lane.lean_allreduce(tensors[0], red, opts.asyncOp is False) if red is not None else 0,
+            work = _laned(self, lane.lean_allreduce(tensors[0], red, opts.asyncOp is False) if red is not None else 0,
                           "allreduce", tensors)
             if work is not None:
                 return work
@@ -181,7 +216,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
         lane = self._lane
         if (lane is not None and tensors.__class__ is list and len(tensors) == 1
                 and opt.lane_ok(opts, _BroadcastOptions) and opts.rootTensor == 0):
-            work = _laned(lane.lean_broadcast(tensors[0], opts.rootRank, opts.asyncOp is False), "broadcast", tensors)
+            work = _laned(self, lane.lean_broadcast(tensors[0], opts.rootRank, opts.asyncOp is False), "broadcast", tensors)
             if work is not None:
                 return work
         o = opt.broadcast(opts)
@@ -199,7 +234,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TorchWork:
         lane = self._lane
         if lane is not None and opt.lane_ok(opts, _AllgatherOptions):
-            work = _laned(lane.lean_allgather(output, input, opts.asyncOp is False), "allgather_into_tensor", [output])
+            work = _laned(self, lane.lean_allgather(output, input, opts.asyncOp is False), "allgather_into_tensor", [output])
             if work is not None:
                 return work
         o = opt.allgather(opts)
@@ -232,7 +267,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
         if lane is not None and opt.lane_ok(opts, _ReduceScatterOptions):
             red = opt.lane_op(opts)
             done = lane.lean_reduce_scatter(output, input, red, opts.asyncOp is False) if red is not None else 0
-            work = _laned(done, "reduce_scatter_tensor", [output])
+            work = _laned(self, done, "reduce_scatter_tensor", [output])
             if work is not None:
                 return work
         o = opt.reduce_scatter(opts)
@@ -257,7 +292,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
         lane = self._lane
         if (lane is not None and not output_split_sizes and not input_split_sizes
                 and opt.lane_ok(opts, _AllToAllOptions)):
-            work = _laned(lane.lean_alltoall(output, input, opts.asyncOp is False), "alltoall_base", [output])
+            work = _laned(self, lane.lean_alltoall(output, input, opts.asyncOp is False), "alltoall_base", [output])
             if work is not None:
                 return work
         o = opt.alltoall(opts)
@@ -295,7 +330,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def barrier(self, opts: Any = None) -> TorchWork:
         lane = self._lane
         if lane is not None and opt.lane_ok(opts, _BarrierOptions) and not opts.device_ids:
-            work = _laned(lane.lean_barrier(opts.asyncOp is False), "barrier", [])
+            work = _laned(self, lane.lean_barrier(opts.asyncOp is False), "barrier", [])
             if work is not None:
                 return work
         return TorchWork(self._engine.barrier(opt.barrier(opts), _sync=opt.is_sync(opts)))

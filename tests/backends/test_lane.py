@@ -447,3 +447,53 @@ def _other_backends(rank: int, ws: int) -> list:
 def test_backends_without_a_lane_run_every_call_on_the_general_path(backend: str) -> None:
     for r in run_ranks(backend, 2, _other_backends):
         assert r == [[8.0, 8.0], ["allreduce"] * 3]
+
+
+def _sync_works(rank: int, ws: int) -> dict:
+    """Synchronous calls through the plugin on the lane, asked for their Work directly
+    (``pg.allreduce`` with ``asyncOp=False``, as torch's front end asks): what each answers
+    right after the call, and whether the Work keeps the tensors of a call alive."""
+    import gc
+    import weakref
+
+    import torch.distributed as tdist
+    from torch._C._distributed_c10d import AllreduceOptions
+
+    pg = tdist.group.WORLD
+    opts = AllreduceOptions()
+    opts.asyncOp = False
+    general = _count_general(_engine(tdist))
+    a, b = torch.full((4,), float(rank + 1)), torch.full((4,), float(10 * (rank + 1)))
+    pg.allreduce([a], opts).wait()  # the key's first call opens the arena on the general path
+    general.clear()
+    out = {}
+    wa = pg.allreduce([a], opts)
+    out["first"] = (wa.wait(), wa.is_completed(), wa.is_success(), wa.exception(), wa.result()[0] is a,
+                    wa.get_future().value()[0] is a)
+    wb = pg.allreduce([b], opts)
+    out["second"] = (wb.wait(), wb.result()[0] is b, wb.get_future().value()[0] is b)
+    out["same_work"] = wa is wb
+    c = torch.ones(4)
+    wc = pg.allreduce([c], opts)
+    out["third"] = (wc.wait(), wc.result()[0] is c)  # (a future would hold its value until the next call)
+    gone = weakref.ref(c)
+    del c, wa, wb, wc
+    gc.collect()
+    out["released"] = gone() is None
+    out["values"] = a.tolist()
+    out["general"] = list(general)
+    return out
+
+
+def test_plugin_sync_calls_answer_one_refilled_work() -> None:
+    """A synchronous call the lane ran through the plugin answers the group's one finished
+    Work, refilled per call: right for the call just made (wait, result, future), and holding
+    no call's tensor alive after torch drops it."""
+    for r in run_ranks("pyc10d_shm", 2, _sync_works, dist_module="torch.distributed"):
+        assert r["general"] == []
+        assert r["first"] == (True, True, True, None, True, True)
+        assert r["second"] == (True, True, True)
+        assert r["third"] == (True, True)
+        assert r["same_work"]
+        assert r["released"]
+        assert r["values"] == [6.0] * 4  # 1 + 2, then 3 + 3
