@@ -74,3 +74,40 @@ def test_a_blocked_caller_spins_through_a_short_skew(caller: bool, monkeypatch: 
         assert len(sleeps) <= rounds // 3, f"{len(sleeps)} futex sleeps in {rounds} short waits"
     else:
         assert len(sleeps) >= rounds // 2, f"only {len(sleeps)} futex sleeps in {rounds} 0.3 ms waits"
+
+
+def test_a_missed_wake_up_costs_at_most_the_first_slice() -> None:
+    """A poster stores its counter without a barrier, so a rank going to sleep in the same
+    nanoseconds may miss its wake-up (x86 lets the poster's read of the sleeping-on words pass
+    its store). Made certain here: rank 1 stores its counter and never wakes anyone. Rank 0,
+    asleep on rank 1's counter, must still see the post within about the first slice (1 ms),
+    not the 100 ms of a full one."""
+    seg, arena = _arena_pair()
+    arena.spin_s = arena.caller_spin_s = 0.0  # sleep at once
+    late = []
+    try:
+        pid = os.fork()
+        if pid == 0:  # rank 1: never wakes anyone, posts phase c 20 ms after rank 0 posted it
+            try:
+                peer = Arena(seg, 1, 2, 4096, PeerWatch([os.getppid(), os.getpid()], 1), [0, 1])
+                for c in range(1, 6):
+                    peer.wait(0, c, time.monotonic() + 10, "test")
+                    time.sleep(0.02)
+                    peer.words[peer._ctr[1]] = c  # post's store, without its look for sleepers
+                    peer.phase = c
+                    peer._meta_words[peer._desc[0][1]] = time.monotonic_ns()
+            finally:
+                os._exit(0)
+        for c in range(1, 6):
+            arena.post(c)
+            arena.wait(1, c, time.monotonic() + 10, "test")
+            posted = arena._meta_words[arena._desc[0][1]]
+            late.append((time.monotonic_ns() - posted) / 1e9)
+        _, status = os.waitpid(pid, 0)
+        assert status == 0
+    finally:
+        arena.close()
+        seg.unlink()
+    # asleep ~20 ms, its naps doubling from 1 ms: it looks again within ~16 ms of the post at
+    # worst, never a full 100 ms slice later
+    assert max(late) < 0.05, late
