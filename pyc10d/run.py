@@ -5,7 +5,7 @@ Usage::
     python -m pyc10d.run [--nproc-per-node N] [--nnodes 1] [--node-rank 0]
                          [--master-addr 127.0.0.1] [--master-port 29500]
                          [--rdzv-endpoint host:port] [--start-method exec|fork]
-                         (script.py | -m module) [args ...]
+                         [--bind-to none|core] (script.py | -m module) [args ...]
 
 It starts ``N`` copies of the script (or module) as child processes of this one, each with
 the environment that ``init_method="env://"`` reads: ``RANK``, ``WORLD_SIZE``,
@@ -24,6 +24,14 @@ child also asks the kernel to ``SIGKILL`` it should the launcher itself die, so 
 left orphaned even when the launcher is killed with ``SIGKILL``. On ``SIGINT`` (Ctrl-C) the
 launcher first prints where every rank of the default group was, as ``python -m pyc10d.status``
 does (best effort: 2 s at most, nothing if the store is already gone).
+
+``--bind-to core`` pins local rank ``i`` to the ``i``-th CPU this launcher may run on, as
+Open MPI's ``mpirun`` does by default for two ranks (torchrun does not: ``none`` is the
+default here too). With more ranks than CPUs nothing is pinned (a note says so), as mpirun
+leaves oversubscribed ranks unbound. (On this project's 2-CPU VM, 16 MiB shm all_reduces at
+n=2 ran ~5 ms each and then ~13 ms for dozens of calls in a row, unpinned, in a diagnostic;
+pinned, the medians of three runs agreed more closely, but three benchmark runs with the
+ranks pinned spread as widely as without: docs/performance.md.)
 
 Like ``torchrun``, ``OMP_NUM_THREADS`` is set to 1 in the ranks when more than one rank
 runs on this node and the variable is not already set.
@@ -84,6 +92,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    default="exec", help="exec: each rank is a fresh interpreter (default); fork: "
                    "ranks are forked from this launcher, which has imported torch and pyc10d "
                    "already (starts in milliseconds; see pyc10d.run_fork for what differs)")
+    p.add_argument("--bind-to", "--bind_to", dest="bind_to", choices=("none", "core"), default="none",
+                   help="core: pin local rank i to the i-th CPU of this launcher's affinity set, as "
+                   "mpirun does (not with more ranks than CPUs); none (default): the kernel places them")
     p.add_argument("-m", "--module", action="store_true",
                    help="run the target as a module, like 'python -m'")
     p.add_argument("script", help="the script (or, with -m, the module) to run")
@@ -225,9 +236,33 @@ def _raise_interrupted(signum: int, _frame: FrameType | None) -> None:
     raise _Interrupted(signum)
 
 
+def _pinned(preexec: Callable[[], None] | None, cpu: int) -> Callable[[], None]:
+    """``preexec`` (if any), then pin the calling process to ``cpu``."""
+
+    def hook() -> None:
+        if preexec is not None:
+            preexec()
+        os.sched_setaffinity(0, {cpu})
+
+    return hook
+
+
+def rank_cpus(args: argparse.Namespace) -> list[int] | None:
+    """The CPU of each local rank under ``--bind-to core``; None: unpinned."""
+    if args.bind_to != "core":
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.nproc_per_node > len(cpus):
+        print(f"{PREFIX}: --bind-to core: {args.nproc_per_node} ranks, {len(cpus)} CPUs: ranks left unpinned",
+              file=sys.stderr, flush=True)
+        return None
+    return cpus[:args.nproc_per_node]
+
+
 def launch(args: argparse.Namespace) -> int:
     """Start the ranks, watch them, and return the launcher's exit code."""
     preexec = _die_with_parent()
+    cpus = rank_cpus(args)
     if args.start_method == "fork":
         from .run_fork import preload
 
@@ -236,7 +271,7 @@ def launch(args: argparse.Namespace) -> int:
     old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for local_rank in range(args.nproc_per_node):
-            procs.append(start_rank(args, local_rank, preexec))
+            procs.append(start_rank(args, local_rank, preexec if cpus is None else _pinned(preexec, cpus[local_rank])))
         base = args.node_rank * args.nproc_per_node
         by_pid = {p.pid: (base + i, p) for i, p in enumerate(procs)}
         while any(p.returncode is None for p in procs):

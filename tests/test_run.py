@@ -373,3 +373,32 @@ def test_the_launcher_itself_does_not_import_torch(tmp_path: Path) -> None:
     res = _launch(["--nproc-per-node", "1", str(script), str(tmp_path / "seen")])
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "seen").read_text() == "False False"
+
+
+AFFINITY = """
+    import json, os, sys
+    with open(os.path.join(sys.argv[1], os.environ["LOCAL_RANK"]), "w") as f:
+        json.dump(sorted(os.sched_getaffinity(0)), f)
+"""
+
+
+@pytest.mark.parametrize("start", ["exec", "fork"])
+def test_bind_to_core_pins_each_local_rank_to_its_own_cpu(tmp_path: Path, start: str) -> None:
+    """``--bind-to core`` (as mpirun binds two ranks): rank i on the i-th CPU of the launcher's
+    set; unpinned by default, and with more ranks than CPUs (said on stderr)."""
+    script = _write(tmp_path / "aff.py", AFFINITY)
+    cpus = sorted(os.sched_getaffinity(0))
+    n = min(2, len(cpus))
+    res = _launch(["--nproc-per-node", str(n), "--bind-to", "core", "--start-method", start, str(script),
+                   str(tmp_path)])
+    assert res.returncode == 0, res.stderr
+    assert [json.loads((tmp_path / str(i)).read_text()) for i in range(n)] == [[c] for c in cpus[:n]]
+    res = _launch(["--nproc-per-node", str(n), "--start-method", start, str(script), str(tmp_path)])
+    assert res.returncode == 0, res.stderr
+    assert [json.loads((tmp_path / str(i)).read_text()) for i in range(n)] == [cpus] * n
+    over = len(cpus) + 1
+    res = _launch(["--nproc-per-node", str(over), "--bind-to", "core", "--start-method", start, str(script),
+                   str(tmp_path)])
+    assert res.returncode == 0, res.stderr
+    assert f"--bind-to core: {over} ranks, {len(cpus)} CPUs: ranks left unpinned" in res.stderr
+    assert [json.loads((tmp_path / str(i)).read_text()) for i in range(over)] == [cpus] * over
