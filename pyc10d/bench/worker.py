@@ -136,8 +136,8 @@ def time_op(dist: ModuleType, op: Op, k: int, reps: int, mode: str) -> tuple[lis
     ``timing.back_to_back``: ``barrier(); t0; K ops back to back; (t1 - t0) / K``: ranks
     drifting apart costs what it costs. ``barrier``: a barrier before every op, each op
     timed alone (a second figure). ``spaced``: the loop of ``loop`` with ``timing.GAP_S`` of
-    busy work before every op, less that gap per op. Every repetition starts from ``op.reset()`` (poisoned
-    outputs, fresh inputs), untimed, and is checked after its loop.
+    busy work before every op, less that gap per op. Every repetition starts from
+    ``op.reset()`` (poisoned outputs, fresh inputs), untimed, and is checked after its loop.
 
     One untimed loop of K ops first (nccl-tests' warm-up iterations), for every backend: with
     a single warm-up call the first size of a job could read far above the next one while the

@@ -97,7 +97,9 @@ def _laned(pg: TorchProcessGroup, done: Any, opname: str, outputs: list[torch.Te
     Every synchronous call of ``pg`` answers the same finished ``TorchWork``, refilled: torch
     asks for one only to ``wait`` on it at once and drop it (``async_op=False``), and making
     a torch ``Work`` is a C++ object and two Python ones per call (2.1 us of a call hot, a
-    one-process diagnostic; 0.1 refilled), more again when the caches are cold."""
+    one-process diagnostic; 0.1 refilled), more again when the caches are cold. (Threads
+    calling one group at once share it too: each ``wait`` is right, ``result`` is the last
+    call's.)"""
     if not done:
         return None
     if done.__class__ is not int:
