@@ -64,7 +64,8 @@ def _load_exchange():  # noqa: ANN202
             continue
         try:
             # PyDLL: the call keeps the GIL. One instruction never blocks, and releasing and
-            # retaking the GIL around it cost more than the call (it runs once per phase).
+            # retaking the GIL around it cost more than the call. (The shm arena calls it when a
+            # rank goes to sleep on a peer's counter; a post stores plainly: shm_arena.py.)
             fn = ctypes.PyDLL(name).__atomic_exchange_4
         except (OSError, AttributeError):
             continue
@@ -74,7 +75,7 @@ def _load_exchange():  # noqa: ANN202
     return None
 
 
-#: Store-with-full-barrier, or None: lets a poster skip ``wake`` when nobody sleeps.
+#: Store-with-full-barrier, or None (the shm arena's sleepers announce themselves with it).
 exchange = _load_exchange()
 
 
