@@ -26,6 +26,7 @@ from typing import Any
 from pyc10d.bench import metrics, report
 from pyc10d.bench.launch import free_port
 from pyc10d.bench.worker import in_threads
+from pyc10d.transport.cpus import usable_cpus
 
 
 def memcpy_bandwidth(nbytes: int = 64 * metrics.MIB, threads: int = 1, reps: int = 10
@@ -161,7 +162,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.backends += [b for b in args.peer if b not in args.backends]
     if any(b != "mpi" for b in args.peer):
         p.error("--peer: only 'mpi' is known")
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = usable_cpus()
     over = [w for w in args.world_sizes if w > cpus] if args.mode == "spaced" else []
     if over:  # the gap is busy work on every rank: ranks sharing a core would time each other's
         why = f"--mode spaced: world size {', '.join(map(str, over))} > {cpus} CPUs (a rank's gap needs its own core)"

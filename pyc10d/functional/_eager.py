@@ -28,6 +28,7 @@ import torch
 
 from .. import collectives as C
 from ..backends import Engine
+from ..transport.cpus import usable_cpus
 from ..types import AllreduceOptions, as_reduce_op
 from . import _buffers
 from ._groups import pg_by_name
@@ -46,8 +47,7 @@ def _limit() -> int:
         return INLINE_BYTES
     if _auto_limit is None:
         local = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        _auto_limit = DEFAULT_INLINE_BYTES if cores >= 2 * local else sys.maxsize
+        _auto_limit = DEFAULT_INLINE_BYTES if usable_cpus() >= 2 * local else sys.maxsize
     return _auto_limit
 
 # storage pointer -> Work of the collective still writing it. The Work holds the output

@@ -49,6 +49,7 @@ import torch
 
 from ..errors import DistBackendError, DistNetworkError, DistTimeoutError
 from . import futex
+from .cpus import usable_cpus
 from .shm_segment import PeerWatch, Segment
 
 HEADER = 4096
@@ -85,12 +86,8 @@ def default_spin(size: int) -> tuple[float, bool]:
     yields between looks (``PYC10D_SHM_YIELD=0/1`` forces either; ``PYC10D_SHM_SPIN_US``
     sets the spin time, default 50 us, or 200 us when yielding).
     """
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
     forced = os.environ.get("PYC10D_SHM_YIELD")
-    yield_ = size > cpus if forced is None else forced == "1"
+    yield_ = size > usable_cpus() if forced is None else forced == "1"
     us = float(os.environ.get("PYC10D_SHM_SPIN_US", "200" if yield_ else "50"))
     return us * 1e-6, yield_
 

@@ -28,6 +28,7 @@ from .. import auth
 from ..errors import DistNetworkError, DistTimeoutError, with_message
 from ..store.base import Store, store_chain
 from .base import Mailbox, RecvHandle
+from .cpus import usable_cpus
 from .framed import FramedTransport
 from .netif import advertised_address
 from .tcp_listener import ACCEPTED, HELLO, USE_OTHER, Listener
@@ -67,13 +68,6 @@ def _advertised_host(store: Store, rank: int) -> str:
 _OVERSUBSCRIBED_SOCKBUF = 256 * 1024
 
 
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _is_local(sock: socket.socket) -> bool:
     try:
         return sock.getpeername()[0] == sock.getsockname()[0]
@@ -92,7 +86,7 @@ def sockbuf_bytes(local: bool, ranks_on_host: int) -> int:
     env = os.environ.get("PYC10D_TCP_SOCKBUF")
     if env is not None and env.strip():
         return max(int(env), 0)
-    if local and ranks_on_host > _usable_cpus():
+    if local and ranks_on_host > usable_cpus():
         return _OVERSUBSCRIBED_SOCKBUF
     return 0
 

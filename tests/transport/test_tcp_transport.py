@@ -65,7 +65,7 @@ def test_message_arrives_whole(numel: int, posted_first: bool, monkeypatch) -> N
 
 def test_sockbuf_policy(monkeypatch) -> None:
     monkeypatch.delenv("PYC10D_TCP_SOCKBUF", raising=False)
-    monkeypatch.setattr(tcp, "_usable_cpus", lambda: 2)
+    monkeypatch.setattr(tcp, "usable_cpus", lambda: 2)
     # More ranks than CPUs on this host: fixed buffers for same-host peers only.
     assert sockbuf_bytes(local=True, ranks_on_host=4) == tcp._OVERSUBSCRIBED_SOCKBUF
     assert sockbuf_bytes(local=False, ranks_on_host=4) == 0
@@ -80,7 +80,7 @@ def test_sockbuf_policy(monkeypatch) -> None:
 
 def test_oversubscribed_host_gets_fixed_buffers(monkeypatch) -> None:
     monkeypatch.delenv("PYC10D_TCP_SOCKBUF", raising=False)
-    monkeypatch.setattr(tcp, "_usable_cpus", lambda: 1)
+    monkeypatch.setattr(tcp, "usable_cpus", lambda: 1)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     ts = world(3)
     try:
