@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pyc10d.bench import metrics, report
+from pyc10d.bench import metrics, report, timing
 from pyc10d.bench.launch import free_port
 from pyc10d.bench.worker import in_threads
 from pyc10d.transport.cpus import usable_cpus
@@ -144,7 +144,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="sizes added to the grid when within min..max (default 16M)")
     p.add_argument("--iters", type=int, default=100,
                    help="timed ops per figure up to 1 MiB (5 loops), scaled down above (min 10)")
-    p.add_argument("--mode", choices=("loop", "barrier", "async", "spaced"), default="loop",
+    p.add_argument("--mode", choices=timing.MODES, default="loop",
                    help="loop (default): each figure is a loop of K ops back to back / K, max over "
                    "ranks; barrier: a barrier before each op (hides ranks drifting apart); async: "
                    "K ops issued with async_op=True back to back, then every Work waited / K; "
@@ -170,7 +170,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(why)
         print(f"{why}: left out", file=sys.stderr)
         args.world_sizes = [w for w in args.world_sizes if w <= cpus]
-    if "mpi" in args.backends and args.mode not in ("loop", "spaced"):
+    if "mpi" in args.backends and args.mode not in timing.BLOCKING_MODES:
         p.error(f"--mode {args.mode}: the C reference (mpi) times loops of blocking calls only")
     args.ops = [metrics.ALIASES.get(op, op) for op in args.ops]
     bad = [op for op in args.ops if op not in metrics.BUS_FACTOR]

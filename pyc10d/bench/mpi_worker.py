@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", required=True)
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--out", required=True)
-    p.add_argument("--mode", choices=("loop", "spaced"), default="loop")
+    p.add_argument("--mode", choices=timing.BLOCKING_MODES, default="loop")
     args, _ = p.parse_known_args(argv)  # the driver's other options (--backend) too
     records = bench(args)
     from mpi4py import MPI

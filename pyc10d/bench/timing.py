@@ -21,6 +21,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+#: The timing modes of the collective benchmark (``worker.time_op`` says what each times), and
+#: those the C reference's worker (``mpi_worker``: blocking calls only) has too.
+MODES = ("loop", "barrier", "async", "spaced")
+BLOCKING_MODES = ("loop", "spaced")
+
 #: The caller's own work between two calls in ``spaced`` (``bench --mode spaced``): about
 #: what one decoder layer's two matmuls take here (d=1024, bf16, one thread).
 GAP_S = 1e-3

@@ -188,10 +188,6 @@ def _issue_then_wait(run: Callable[[int], Any], k: int) -> Callable[[int], None]
     return body
 
 
-#: The timing modes (``time_op``).
-MODES = ("loop", "barrier", "async", "spaced")
-
-
 def in_threads(name: str) -> bool:
     """Backends whose ranks are threads of one worker process, not processes of their own."""
     return name == "pyc10d-threaded"
@@ -272,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ops", required=True, help="comma-separated op names")
     p.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes")
     p.add_argument("--iters", type=int, default=30, help="timed ops per figure up to 1 MiB")
-    p.add_argument("--mode", choices=MODES, default="loop",
+    p.add_argument("--mode", choices=timing.MODES, default="loop",
                    help="loop: K ops back to back per timing; barrier: a barrier before each op; "
                         "async: K async ops, then every Work waited; spaced: 1 ms of busy work before each op")
     p.add_argument("--out", required=True, help="JSON file rank 0 writes its records to")
