@@ -67,6 +67,13 @@ class _Exited:
         return f"<exited code={self.code}>"
 
 
+def failure_after(t0: float, e: BaseException) -> str:
+    """``"<seconds since t0> <torch|pyc10d> <type>: <message>"``: how a rank body reports the
+    error a call raised, and whether it was torch's type (through the plugin) or pyc10d's."""
+    kind = "torch" if isinstance(e, torch.distributed.DistBackendError) else "pyc10d"
+    return f"{time.monotonic() - t0:.2f} {kind} {type(e).__name__}: {e}"
+
+
 def exited(result: Any) -> bool:
     """True if ``result`` (an item of ``run_ranks``'s list) is a rank that exited early."""
     return isinstance(result, _Exited)

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _multirank import exited, run_ranks  # noqa: E402
+from _multirank import exited, failure_after, run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.timeout(45)
 
@@ -400,8 +400,7 @@ def _dead_peer(rank: int, ws: int, module: str) -> str:
     try:
         dist.all_reduce(t)
     except Exception as e:  # noqa: BLE001
-        torch_type = "torch" if isinstance(e, torch.distributed.DistBackendError) else "pyc10d"
-        return f"{time.monotonic() - t0:.2f} {torch_type} {type(e).__name__}: {e}"
+        return failure_after(t0, e)
     return "no error"
 
 

@@ -17,13 +17,14 @@ import re
 import sys
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _multirank import exited, run_ranks  # noqa: E402
+from _multirank import exited, failure_after, run_ranks  # noqa: E402
 
 pytestmark = pytest.mark.timeout(45)
 
@@ -228,19 +229,22 @@ def test_started_calls_that_disagree_fail_at_wait_naming_both() -> None:
                          rf"with {8 + 4 * other} bytes of float32, rank {rank} called", r["error"]), r["error"]
 
 
-def _dead_peer(rank: int, ws: int, module: str) -> str:
-    dist = importlib.import_module(module)
+def _started_after_peer_exit(dist: Any, rank: int) -> tuple[Any, float]:
+    """One all_reduce on the lane, then rank 1 exits and rank 0 starts a second one: its
+    Work and when it started."""
     t = torch.ones(2)
     dist.all_reduce(t)
     if rank == 1:
         os._exit(0)
-    work = dist.all_reduce(t, async_op=True)
-    t0 = time.monotonic()
+    return dist.all_reduce(t, async_op=True), time.monotonic()
+
+
+def _dead_peer(rank: int, ws: int, module: str) -> str:
+    work, t0 = _started_after_peer_exit(importlib.import_module(module), rank)
     try:
         work.wait()
     except Exception as e:  # noqa: BLE001
-        kind = "torch" if isinstance(e, torch.distributed.DistBackendError) else "pyc10d"
-        return f"{time.monotonic() - t0:.2f} {kind} {type(e).__name__}: {e}"
+        return failure_after(t0, e)
     return "no error"
 
 
@@ -313,12 +317,7 @@ def _polled_dead_peer(rank: int, ws: int) -> dict:
     pending for ever; ``wait`` then raises the dead peer's error."""
     import pyc10d as dist
 
-    t = torch.ones(2)
-    dist.all_reduce(t)
-    if rank == 1:
-        os._exit(0)
-    work = dist.all_reduce(t, async_op=True)
-    t0 = time.monotonic()
+    work, t0 = _started_after_peer_exit(dist, rank)
     while not work.is_completed() and time.monotonic() - t0 < 10:
         time.sleep(0.01)
     took = time.monotonic() - t0
