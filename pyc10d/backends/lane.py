@@ -175,15 +175,9 @@ class LaneOps(Engine):
                   y: torch.Tensor | None, step: Step) -> int:
         """Run ``step`` as the group's next operation, with the engine's bookkeeping."""
         self._settle_started(True)  # this call waits for its peers anyway: finish that one here
-        lock = self._lock
-        lock.acquire()
-        if (self._pending or self._closed or self._broken is not None or self._desync is not None
-                or self._early or not self._exec.acquire(False)):
-            lock.release()
-            return 0  # the general path queues it, or raises what it must
-        self._seq = full = self._seq + 1
-        self._pending = 1
-        lock.release()
+        full = self._claim()
+        if not full:
+            return 0
         now = self._entry(full, opname, red, root, x)
         timeout = self.timeout_s
         error = None
@@ -196,6 +190,22 @@ class LaneOps(Engine):
             self._exec.release()
         if error is not None:
             raise error
+        return full
+
+    def _claim(self) -> int:
+        """The group's next sequence number, taken for an operation on the lane (``_exec``
+        held, one operation pending), or 0 having taken nothing: something of the group is
+        queued or running, or it is closed, broken or desynchronised (the general path then
+        queues the call, or raises what it must)."""
+        lock = self._lock
+        lock.acquire()
+        if (self._pending or self._closed or self._broken is not None or self._desync is not None
+                or self._early or not self._exec.acquire(False)):
+            lock.release()
+            return 0
+        self._seq = full = self._seq + 1
+        self._pending = 1
+        lock.release()
         return full
 
     def _entry(self, full: int, opname: str, red: ReduceOp | None, root: int, x: torch.Tensor | None) -> float:
@@ -239,15 +249,9 @@ class LaneOps(Engine):
         if start is None:
             return 0  # a step that posts more than once (all_to_all): the general path queues it
         self._settle_started(False)
-        lock = self._lock
-        lock.acquire()
-        if (self._pending or self._closed or self._broken is not None or self._desync is not None
-                or self._early or not self._exec.acquire(False)):
-            lock.release()
+        full = self._claim()
+        if not full:
             return 0
-        self._seq = full = self._seq + 1
-        self._pending = 1
-        lock.release()
         now = self._entry(full, opname, red, root, x)
         work = StartedWork(self, opname, [] if x is None else [x], full)
         timeout = self.timeout_s
