@@ -66,11 +66,14 @@ def test_every_timed_call_is_checked() -> None:
     assert time_op(dist, Op(dist, "all_reduce", 4, 0, 1, 4), 4, 3, "barrier")[1]
 
 
-def _time_on_threads(op_name: str, sabotage: bool, world: int = 2, mode: str = "loop") -> list[bool]:
+def _time_on_threads(op_name: str, sabotage: bool, world: int = 2, mode: str = "loop",
+                     dtype: str = "float32") -> list[bool]:
     """``time_op`` of one small op on ``world`` threaded ranks (3 ops a loop, 2 loops); each
     rank's verdict. With ``sabotage``, the second timed call on every rank does nothing."""
     import threading
     from contextlib import nullcontext
+
+    import torch
 
     import pyc10d
     from pyc10d.bench.worker import Op, function_name, time_op
@@ -82,7 +85,8 @@ def _time_on_threads(op_name: str, sabotage: bool, world: int = 2, mode: str = "
         try:
             pyc10d.init_process_group("threaded", store=store, rank=rank, world_size=world)
             try:
-                op = Op(pyc10d, op_name, 4 * world, rank, world, 3, async_op=mode == "async")
+                op = Op(pyc10d, op_name, 4 * world, rank, world, 3, async_op=mode == "async",
+                        dtype=getattr(torch, dtype))
                 verdicts[rank] = time_op(pyc10d, op, 3, 2, mode)[1]
             finally:
                 pyc10d.destroy_process_group()
@@ -111,6 +115,46 @@ def test_the_check_fails_when_one_timed_call_does_nothing(op_name: str, mode: st
     verdicts = _time_on_threads(op_name, sabotage=True, mode=mode)
     # broadcast's root and reduce's non-root hold the right values without the call
     assert not all(verdicts), f"{op_name}: a call that did nothing passed the check"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("op_name", metrics.OPS)
+def test_the_check_fails_when_one_timed_call_does_nothing_in_bfloat16(op_name: str) -> None:
+    """``--dtype bfloat16``: the same buffers, poison and check in bfloat16 (every expected
+    value is a small integer, exact in it): right calls pass, a call that does nothing fails."""
+    assert _time_on_threads(op_name, sabotage=False, dtype="bfloat16") == [True, True]
+    assert not all(_time_on_threads(op_name, sabotage=True, dtype="bfloat16"))
+
+
+def test_bfloat16_sizes_and_the_c_reference(capsys: pytest.CaptureFixture[str]) -> None:
+    """A size in bytes holds twice as many bfloat16 elements; Open MPI (numpy buffers) has no
+    bfloat16, so the driver refuses to set it beside a bfloat16 run."""
+    from pyc10d.bench.__main__ import parse_args
+
+    assert metrics.element_count("all_reduce", 64, 2, metrics.DTYPES["bfloat16"]) == 32
+    assert metrics.element_count("all_gather_into_tensor", 6, 4, 2) == 4  # 3 rounded to n
+    assert metrics.element_count("all_reduce", 64, 2) == 16  # float32 by default
+    assert parse_args(["--dtype", "bfloat16"]).dtype == "bfloat16"
+    assert parse_args([]).dtype == "float32"
+    with pytest.raises(SystemExit):
+        parse_args(["--peer", "mpi", "--dtype", "bfloat16"])
+    assert "the C reference (mpi) times float32 only" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(45)
+def test_a_bfloat16_run_writes_bfloat16_records(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "pyc10d.bench", "--backends", "pyc10d-threaded", "--dtype", "bfloat16",
+           "--ops", "all_reduce,all_gather", "--world-sizes", "2", "--min-bytes", "8", "--max-bytes", "128",
+           "--iters", "3", "--rounds", "1", "--out", str(tmp_path), "--name", "bf16", "--timeout", "15"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=40)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = json.loads((tmp_path / "bf16.json").read_text())
+    runs = [r for r in records if r.get("kind") == "collective"]
+    assert {(r["op"], r["bytes"], r["count"]) for r in runs} == {
+        (op, b, b // 2) for op in ("all_reduce", "all_gather_into_tensor") for b in (8, 32, 128)}
+    assert all(r["dtype"] == "bfloat16" and r["correct"] for r in runs)
+    assert records[0]["dtype"] == "bfloat16"
+    assert "all_reduce, world size 2, bfloat16" in proc.stdout
 
 
 def test_spaced_figures_leave_the_gap_out() -> None:

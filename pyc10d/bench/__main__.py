@@ -72,11 +72,14 @@ def best_of_rounds(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_job(backend: str, world_size: int, ops: list[str], sizes: list[int], iters: int,
-            timeout: float, workdir: Path, mode: str = "loop") -> tuple[list[dict[str, Any]], str | None]:
+            timeout: float, workdir: Path, mode: str = "loop", dtype: str = "float32"
+            ) -> tuple[list[dict[str, Any]], str | None]:
     """One job: ``world_size`` ranks of ``backend``; returns (records, error or None)."""
     out = workdir / f"{backend}-{world_size}.json"
     job = ["--backend", backend, "--ops", ",".join(ops), "--sizes", ",".join(map(str, sizes)),
            "--iters", str(iters), "--mode", mode, "--out", str(out)]
+    if dtype != "float32":  # (the MPI worker, float32 only, is never asked for another)
+        job += ["--dtype", dtype]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if backend == "mpi":  # the C reference, under Open MPI's own launcher
         cmd = [mpirun(), "--oversubscribe", "-np", str(world_size), sys.executable, "-m",
@@ -150,6 +153,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "K ops issued with async_op=True back to back, then every Work waited / K; "
                    "spaced: the loop with 1 ms of busy work before each op, taken off (a call as "
                    "a training step makes it, between its kernels)")
+    p.add_argument("--dtype", choices=list(metrics.DTYPES), default="float32",
+                   help="element type of every buffer (default float32; bfloat16 has no C "
+                   "reference: Open MPI through numpy has no such type)")
     p.add_argument("--rounds", type=int, default=2,
                    help="run every job this many times, interleaved, and keep each figure's "
                    "fastest round (default 2)")
@@ -172,6 +178,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.world_sizes = [w for w in args.world_sizes if w <= cpus]
     if "mpi" in args.backends and args.mode not in timing.BLOCKING_MODES:
         p.error(f"--mode {args.mode}: the C reference (mpi) times loops of blocking calls only")
+    if "mpi" in args.backends and args.dtype != "float32":
+        p.error(f"--dtype {args.dtype}: the C reference (mpi) times float32 only (numpy has no {args.dtype})")
     args.ops = [metrics.ALIASES.get(op, op) for op in args.ops]
     bad = [op for op in args.ops if op not in metrics.BUS_FACTOR]
     if bad:
@@ -209,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     records: list[dict[str, Any]] = [{
         "kind": "meta", "time": stamp, "argv": sys.argv[1:], "python": platform.python_version(),
         "platform": platform.platform(), "cpus": os.cpu_count(), "sizes": sizes, "mode": args.mode,
+        "dtype": args.dtype,
     }]
     mem = memcpy_bandwidth()
     print(f"memcpy bound: torch copy_ of {metrics.format_size(mem['bytes'])}, 1 thread: "
@@ -227,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                           flush=True)
                     t0 = time.monotonic()
                     recs, err = run_job(backend, ws, args.ops, sizes, args.iters, args.timeout,
-                                        Path(tmp), args.mode)
+                                        Path(tmp), args.mode, args.dtype)
                     if err:
                         failed = True
                         print(f"   {backend} world size {ws} FAILED: {err}", flush=True)

@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import re
 
-DTYPE_BYTES = 4  # float32
+DTYPE_BYTES = 4  # float32, the default
+#: The element types the collective benchmark times (``--dtype``), by bytes per element.
+#: bfloat16 is what tensor-parallel inference and mixed-precision gradients send; the C
+#: reference (Open MPI through numpy) has no such type and times float32 only.
+DTYPES = {"float32": 4, "bfloat16": 2}
 MIB = 1 << 20
 
 # op name -> bus bandwidth factor as a function of the world size n
@@ -70,9 +74,10 @@ def size_grid(min_bytes: int, max_bytes: int, step: int = 4) -> list[int]:
     return sizes
 
 
-def element_count(op: str, nbytes: int, world_size: int) -> int:
-    """float32 elements of the op's full message: ``nbytes`` rounded to what the op allows."""
-    count = max(1, nbytes // DTYPE_BYTES)
+def element_count(op: str, nbytes: int, world_size: int, itemsize: int = DTYPE_BYTES) -> int:
+    """Elements (of ``itemsize`` bytes, float32's by default) of the op's full message:
+    ``nbytes`` rounded to what the op allows."""
+    count = max(1, nbytes // itemsize)
     if op in SPLIT_OPS:
         count = max(world_size, count // world_size * world_size)
     return count

@@ -79,7 +79,8 @@ def table(records: Sequence[Record], op: str, world_size: int,
             r = by_key.get((b, size))
             row.append(_fmt(r["time_us"] / peer["time_us"], ".2f") if r and peer and peer["time_us"] > 0 else "-")
         rows.append(row)
-    title = (f"{op}, world size {world_size}  (us = median latency; algbw, busbw in GB/s; "
+    dtypes = ", ".join(sorted({r.get("dtype", "float32") for r in by_key.values()}))
+    title = (f"{op}, world size {world_size}, {dtypes}  (us = median latency; algbw, busbw in GB/s; "
              f"/{REFERENCE} = busbw / {REFERENCE}'s, higher is better"
              + (f"; t/{C_PEER} = latency / Open MPI's, lower is better)" if time_of else ")"))
     return title + "\n" + _render(header, rows)

@@ -5,7 +5,8 @@ all_reduce --sizes 8,1024 --iters 20 --out result.json``; for a threaded backend
 starts one worker with ``--world-size N`` instead, whose ranks are N threads.
 
 Every rank joins the group over ``env://``; for each op and size it builds K sets of float32
-buffers, and times loops of K calls back to back (``--mode loop``, the default), K calls
+buffers (``--dtype bfloat16``: bfloat16), and times loops of K calls back to back (``--mode
+loop``, the default), K calls
 each after a barrier (``--mode barrier``), or K calls issued with ``async_op=True`` back to
 back and then every Work waited (``--mode async``: DDP's buckets, FSDP's prefetches, a
 pipeline's sends), or K calls each after a millisecond of the caller's own busy work, that
@@ -49,7 +50,7 @@ def load_backend(name: str) -> tuple[ModuleType, str]:
 
 
 class Op:
-    """One op over ``count`` float32 elements, on ``k`` buffer sets of its own: call ``run(i)``
+    """One op over ``count`` elements of ``dtype``, on ``k`` buffer sets of its own: call ``run(i)``
     for i < k, then ``check()`` tells whether every one of those calls gave the right answer.
     ``reset()``, outside any timing, starts a loop from scratch: every output is poisoned
     with NaN (which equals nothing, so an output a call left unwritten fails the check) and
@@ -57,8 +58,8 @@ class Op:
     nothing leaves those values, which are not the result at world size 2 and up)."""
 
     def __init__(self, dist: ModuleType, op: str, count: int, rank: int, n: int, k: int,
-                 async_op: bool = False) -> None:
-        self.run, self.check, self.reset = _make(dist, op, count, rank, n, k, async_op)
+                 async_op: bool = False, dtype: torch.dtype = torch.float32) -> None:
+        self.run, self.check, self.reset = _make(dist, op, count, rank, n, k, async_op, dtype)
 
 
 POISON = float("nan")
@@ -76,13 +77,14 @@ def function_name(dist: ModuleType, op: str) -> str:
     return new if new is not None and hasattr(dist, new) else op
 
 
-def _make(dist: ModuleType, op: str, count: int, rank: int, n: int, k: int, async_op: bool = False
-          ) -> tuple[Callable[[int], Any], Callable[[], bool], Callable[[], None]]:
+def _make(dist: ModuleType, op: str, count: int, rank: int, n: int, k: int, async_op: bool = False,
+          dtype: torch.dtype = torch.float32) -> tuple[Callable[[int], Any], Callable[[], bool], Callable[[], None]]:
+    # Every value below is an integer of at most n * n: exact in bfloat16 too while n <= 16.
     kw = {"async_op": True} if async_op else {}  # (loop and barrier calls pass nothing extra)
     total = n * (n + 1) / 2  # sum over ranks of (rank + 1)
     mine = float(rank + 1)
     if op in ("all_reduce", "reduce", "broadcast"):
-        bufs = [torch.full((count,), mine) for _ in range(k)]
+        bufs = [torch.full((count,), mine, dtype=dtype) for _ in range(k)]
         if op == "all_reduce":
             def run(i: int) -> Any:
                 return dist.all_reduce(bufs[i], **kw)
@@ -102,7 +104,7 @@ def _make(dist: ModuleType, op: str, count: int, rank: int, n: int, k: int, asyn
 
         return run, (lambda: all(bool((b == want).all()) for b in bufs)), reset
     part = count // n
-    outs = [torch.full((count if op != "reduce_scatter_tensor" else part,), POISON)
+    outs = [torch.full((count if op != "reduce_scatter_tensor" else part,), POISON, dtype=dtype)
             for _ in range(k)]
 
     def poison() -> None:
@@ -111,18 +113,18 @@ def _make(dist: ModuleType, op: str, count: int, rank: int, n: int, k: int, asyn
 
     call = getattr(dist, function_name(dist, op), None)
     if op == "all_gather_into_tensor":
-        inp = torch.full((part,), mine)
-        gathered = torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(part)
+        inp = torch.full((part,), mine, dtype=dtype)
+        gathered = torch.arange(1, n + 1, dtype=dtype).repeat_interleave(part)
         return ((lambda i: call(outs[i], inp, **kw)),
                 (lambda: all(torch.equal(o, gathered) for o in outs)), poison)
     if op == "reduce_scatter_tensor":
-        inp = torch.full((count,), mine)
+        inp = torch.full((count,), mine, dtype=dtype)
         return ((lambda i: call(outs[i], inp, **kw)),
                 (lambda: all(bool((o == total).all()) for o in outs)), poison)
     if op == "all_to_all_single":
         # chunk j of rank r holds r*n + j; rank r receives chunk r of every rank j
-        inp = (rank * n + torch.arange(n, dtype=torch.float32)).repeat_interleave(part)
-        exchanged = (torch.arange(n, dtype=torch.float32) * n + rank).repeat_interleave(part)
+        inp = (rank * n + torch.arange(n, dtype=dtype)).repeat_interleave(part)
+        exchanged = (torch.arange(n, dtype=dtype) * n + rank).repeat_interleave(part)
         return ((lambda i: call(outs[i], inp, **kw)),
                 (lambda: all(torch.equal(o, exchanged) for o in outs)), poison)
     raise ValueError(f"unknown op {op!r}")
@@ -208,17 +210,18 @@ def bench(args: argparse.Namespace, init: Callable[[], None] | None = None) -> l
     try:
         for op in args.ops.split(","):
             for nbytes in (int(s) for s in args.sizes.split(",")):
-                count = metrics.element_count(op, nbytes, n)
-                size = count * metrics.DTYPE_BYTES
+                itemsize = metrics.DTYPES[args.dtype]
+                count = metrics.element_count(op, nbytes, n, itemsize)
+                size = count * itemsize
                 k, reps = metrics.loop_shape(size, args.iters)
-                times, correct = time_op(dist, Op(dist, op, count, rank, n, k, args.mode == "async"), k, reps,
-                                         args.mode)
+                timed = Op(dist, op, count, rank, n, k, args.mode == "async", getattr(torch, args.dtype))
+                times, correct = time_op(dist, timed, k, reps, args.mode)
                 ok = torch.tensor([1 if correct else 0], dtype=torch.int32)
                 dist.all_reduce(ok, op=dist.ReduceOp.MIN)
                 med = statistics.median(times)
                 algbw, busbw = metrics.bandwidths(op, size, med, n)
                 rec = {"kind": "collective", "backend": args.backend, "op": op, "mode": args.mode,
-                       "world_size": n, "bytes": size, "count": count, "dtype": "float32",
+                       "world_size": n, "bytes": size, "count": count, "dtype": args.dtype,
                        "iters": k * reps, "ops_per_loop": k, "loops": reps, "time_us": med * 1e6,
                        "mean_us": statistics.fmean(times) * 1e6, "min_us": min(times) * 1e6,
                        "algbw_GBps": algbw, "busbw_GBps": busbw, "correct": bool(ok.item())}
@@ -271,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=timing.MODES, default="loop",
                    help="loop: K ops back to back per timing; barrier: a barrier before each op; "
                         "async: K async ops, then every Work waited; spaced: 1 ms of busy work before each op")
+    p.add_argument("--dtype", choices=list(metrics.DTYPES), default="float32", help="element type")
     p.add_argument("--out", required=True, help="JSON file rank 0 writes its records to")
     p.add_argument("--world-size", type=int, default=0,
                    help="ranks as threads of this process (threaded backends; no launcher)")
