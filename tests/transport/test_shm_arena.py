@@ -114,14 +114,17 @@ def test_a_missed_wake_up_costs_at_most_the_first_slice() -> None:
                 os._exit(0)
         for c in range(1, 6):
             arena.post(c)
+            began = time.monotonic_ns()
             arena.wait(1, c, time.monotonic() + 10, "test")
             posted = arena._meta_words[arena._desc[0][1]]
-            late.append((time.monotonic_ns() - posted) / 1e9)
+            late.append(((time.monotonic_ns() - posted) / 1e9, (posted - began) / 1e9))
         _, status = os.waitpid(pid, 0)
         assert status == 0
     finally:
         arena.close()
         seg.unlink()
-    # asleep ~20 ms, its naps doubling from 1 ms: it looks again within ~16 ms of the post at
-    # worst, never a full 100 ms slice later
-    assert max(late) < 0.05, late
+    # asleep ~20 ms, its naps doubling from 1 ms: the nap under way when the post lands is at
+    # most as long as the sleep so far (+1 ms), so it looks again within that of the post,
+    # never a full 100 ms slice later (the old slices: ~80 ms). The bound grows with the
+    # time asleep: on a loaded machine rank 1's 20 ms sleep may overrun.
+    assert all(seen < asleep + 0.03 for seen, asleep in late), late
