@@ -128,7 +128,8 @@ def test_the_check_fails_when_one_timed_call_does_nothing_in_bfloat16(op_name: s
 
 def test_bfloat16_sizes_and_the_c_reference(capsys: pytest.CaptureFixture[str]) -> None:
     """A size in bytes holds twice as many bfloat16 elements; Open MPI (numpy buffers) has no
-    bfloat16, so the driver refuses to set it beside a bfloat16 run."""
+    bfloat16, so the driver refuses to set it beside a bfloat16 run, as it refuses world
+    sizes whose checked values bfloat16 cannot hold exactly."""
     from pyc10d.bench.__main__ import parse_args
 
     assert metrics.element_count("all_reduce", 64, 2, metrics.DTYPES["bfloat16"]) == 32
@@ -139,6 +140,10 @@ def test_bfloat16_sizes_and_the_c_reference(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit):
         parse_args(["--peer", "mpi", "--dtype", "bfloat16"])
     assert "the C reference (mpi) times float32 only" in capsys.readouterr().err
+    assert parse_args(["--dtype", "bfloat16", "--world-sizes", "2,16"]).world_sizes == [2, 16]
+    with pytest.raises(SystemExit):
+        parse_args(["--dtype", "bfloat16", "--world-sizes", "17"])
+    assert "world sizes up to 16" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(45)
