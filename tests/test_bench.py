@@ -104,26 +104,20 @@ def _time_on_threads(op_name: str, sabotage: bool, world: int = 2, mode: str = "
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("mode", ["loop", "async", "spaced"])
+@pytest.mark.parametrize(("mode", "dtype"), [("loop", "float32"), ("async", "float32"), ("spaced", "float32"),
+                                             ("loop", "bfloat16")])
 @pytest.mark.parametrize("op_name", metrics.OPS)
-def test_the_check_fails_when_one_timed_call_does_nothing(op_name: str, mode: str) -> None:
+def test_the_check_fails_when_one_timed_call_does_nothing(op_name: str, mode: str, dtype: str) -> None:
     """Outputs are poisoned and inputs reset before every timed loop: a call that writes
     nothing (run on a clone, so the ranks stay in step) fails the check; untouched, it passes.
     ``async``: the K calls are issued with ``async_op=True`` and their Works waited at the end;
-    ``spaced``: each call after a millisecond of busy work."""
-    assert _time_on_threads(op_name, sabotage=False, mode=mode) == [True, True]
-    verdicts = _time_on_threads(op_name, sabotage=True, mode=mode)
+    ``spaced``: each call after a millisecond of busy work; ``bfloat16`` (``--dtype``): the
+    same buffers, poison and check in bfloat16 (every expected value a small integer, exact
+    in it)."""
+    assert _time_on_threads(op_name, sabotage=False, mode=mode, dtype=dtype) == [True, True]
+    verdicts = _time_on_threads(op_name, sabotage=True, mode=mode, dtype=dtype)
     # broadcast's root and reduce's non-root hold the right values without the call
     assert not all(verdicts), f"{op_name}: a call that did nothing passed the check"
-
-
-@pytest.mark.timeout(30)
-@pytest.mark.parametrize("op_name", metrics.OPS)
-def test_the_check_fails_when_one_timed_call_does_nothing_in_bfloat16(op_name: str) -> None:
-    """``--dtype bfloat16``: the same buffers, poison and check in bfloat16 (every expected
-    value is a small integer, exact in it): right calls pass, a call that does nothing fails."""
-    assert _time_on_threads(op_name, sabotage=False, dtype="bfloat16") == [True, True]
-    assert not all(_time_on_threads(op_name, sabotage=True, dtype="bfloat16"))
 
 
 def test_bfloat16_sizes_and_the_c_reference(capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,7 +137,7 @@ def test_bfloat16_sizes_and_the_c_reference(capsys: pytest.CaptureFixture[str]) 
     assert parse_args(["--dtype", "bfloat16", "--world-sizes", "2,16"]).world_sizes == [2, 16]
     with pytest.raises(SystemExit):
         parse_args(["--dtype", "bfloat16", "--world-sizes", "17"])
-    assert "world sizes up to 16" in capsys.readouterr().err
+    assert f"world sizes up to {metrics.BFLOAT16_MAX_WORLD}" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(45)

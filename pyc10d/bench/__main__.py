@@ -180,9 +180,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--mode {args.mode}: the C reference (mpi) times loops of blocking calls only")
     if "mpi" in args.backends and args.dtype != "float32":
         p.error(f"--dtype {args.dtype}: the C reference (mpi) times float32 only (numpy has no {args.dtype})")
-    if args.dtype == "bfloat16" and max(args.world_sizes) > 16:  # (the worker's checked values)
-        p.error("--dtype bfloat16: world sizes up to 16 (above, the checked values, up to n * n, "
-                "are not exact in bfloat16)")
+    if args.dtype == "bfloat16" and max(args.world_sizes) > metrics.BFLOAT16_MAX_WORLD:
+        p.error(f"--dtype bfloat16: world sizes up to {metrics.BFLOAT16_MAX_WORLD} (above, the checked "
+                "values, up to n * n, are not exact in bfloat16)")
     args.ops = [metrics.ALIASES.get(op, op) for op in args.ops]
     bad = [op for op in args.ops if op not in metrics.BUS_FACTOR]
     if bad:

@@ -21,6 +21,9 @@ DTYPE_BYTES = 4  # float32, the default
 #: bfloat16 is what tensor-parallel inference and mixed-precision gradients send; the C
 #: reference (Open MPI through numpy) has no such type and times float32 only.
 DTYPES = {"float32": 4, "bfloat16": 2}
+#: The largest world size whose checked values (integers up to n * n, ``worker._make``)
+#: bfloat16 holds exactly: its 8-bit significand holds every integer up to 256.
+BFLOAT16_MAX_WORLD = 16
 MIB = 1 << 20
 
 # op name -> bus bandwidth factor as a function of the world size n

@@ -6,8 +6,7 @@ starts one worker with ``--world-size N`` instead, whose ranks are N threads.
 
 Every rank joins the group over ``env://``; for each op and size it builds K sets of float32
 buffers (``--dtype bfloat16``: bfloat16), and times loops of K calls back to back (``--mode
-loop``, the default), K calls
-each after a barrier (``--mode barrier``), or K calls issued with ``async_op=True`` back to
+loop``, the default), K calls each after a barrier (``--mode barrier``), or K calls issued with ``async_op=True`` back to
 back and then every Work waited (``--mode async``: DDP's buckets, FSDP's prefetches, a
 pipeline's sends), or K calls each after a millisecond of the caller's own busy work, that
 millisecond taken off (``--mode spaced``: a call as a training step makes it, its caches
@@ -79,7 +78,8 @@ def function_name(dist: ModuleType, op: str) -> str:
 
 def _make(dist: ModuleType, op: str, count: int, rank: int, n: int, k: int, async_op: bool = False,
           dtype: torch.dtype = torch.float32) -> tuple[Callable[[int], Any], Callable[[], bool], Callable[[], None]]:
-    # Every value below is an integer of at most n * n: exact in bfloat16 too while n <= 16.
+    # Every value below is an integer of at most n * n: exact in bfloat16 too while n is at
+    # most ``metrics.BFLOAT16_MAX_WORLD`` (the driver refuses larger groups).
     kw = {"async_op": True} if async_op else {}  # (loop and barrier calls pass nothing extra)
     total = n * (n + 1) / 2  # sum over ranks of (rank + 1)
     mine = float(rank + 1)
@@ -207,14 +207,14 @@ def bench(args: argparse.Namespace, init: Callable[[], None] | None = None) -> l
         init()
     rank, n = dist.get_rank(), dist.get_world_size()
     records: list[dict[str, Any]] = []
+    itemsize, dtype = metrics.DTYPES[args.dtype], getattr(torch, args.dtype)
     try:
         for op in args.ops.split(","):
             for nbytes in (int(s) for s in args.sizes.split(",")):
-                itemsize = metrics.DTYPES[args.dtype]
                 count = metrics.element_count(op, nbytes, n, itemsize)
                 size = count * itemsize
                 k, reps = metrics.loop_shape(size, args.iters)
-                timed = Op(dist, op, count, rank, n, k, args.mode == "async", getattr(torch, args.dtype))
+                timed = Op(dist, op, count, rank, n, k, args.mode == "async", dtype)
                 times, correct = time_op(dist, timed, k, reps, args.mode)
                 ok = torch.tensor([1 if correct else 0], dtype=torch.int32)
                 dist.all_reduce(ok, op=dist.ReduceOp.MIN)
