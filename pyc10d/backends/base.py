@@ -182,6 +182,11 @@ class Engine:
     def _set_sequence_number_for_group(self) -> None:
         pass
 
+    def failure(self) -> BaseException | None:
+        """The error that aborted this group (its first failed operation, or ``abort()``);
+        None while it is healthy. Every later operation of the group raises it."""
+        return self._broken
+
     # -- running operations --------------------------------------------------------------
     def _op_timeout(self, opts: Any) -> float:
         t = getattr(opts, "timeout", UNSET_TIMEOUT)

@@ -1,0 +1,184 @@
+"""torchft's own tests run against a torchft process group of one's choice (pyc10d's, Gloo's).
+
+torchft ships its tests in its wheel. Two of its test modules are run unchanged, their test
+bodies and helpers as torchft wrote them; only the process group differs:
+
+* ``torchft.process_group_test``: its ``MultiPgBaseTest`` (three ranks as threads sharing one
+  group) is subclassed the way torchft adds a backend of its own (``NormalGlooMultiPgTest``,
+  ``BabyGlooMultiPgTest``): ``_create_pg`` answers the group under test, and
+  ``test_collective`` / ``test_collective_with_resiliency`` (a rank shuts its group down, the
+  survivors' next collective must fail) are expanded over *every* collective torchft has,
+  Gloo's skips (``alltoall_base``, ``reduce_scatter``, ``reduce_scatter_tensor_coalesced``)
+  included.
+* ``torchft.manager_integ_test``: ``ManagerIntegTest`` (replica groups as threads, a real
+  Lighthouse, torchft's ``Manager`` and DDP) is subclassed and, for the duration of each test,
+  the module's ``ProcessGroupGloo`` (the only group its CPU train loops build) is the group
+  under test.
+
+``python -m pyc10d.testing.torchft_suite`` runs the selection for pyc10d and for torchft's
+Gloo classes in one process each, as torchft runs its tests, and prints the times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import unittest
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from parameterized import parameterized
+from torchft import manager_integ_test as _mit
+from torchft import process_group_test as _pgt
+from torchft.process_group import ProcessGroup, ProcessGroupBabyGloo, ProcessGroupGloo
+
+from ..integrations.torchft import ProcessGroupPyc10d
+
+#: Every collective torchft's multi-PG tests know, Gloo's skips included.
+ALL_COLLECTIVES: list[str] = list(_pgt._ALL_COLLECTIVES)
+
+#: The groups the suite can run against, as torchft's MultiPg tests build them (Gloo's with
+#: torchft's 1 s timeout, BabyGloo's with its 10 s).
+GROUPS: dict[str, Callable[[], ProcessGroup]] = {
+    "pyc10d": lambda: ProcessGroupPyc10d(timeout=timedelta(seconds=1)),
+    "gloo": lambda: ProcessGroupGloo(timeout=timedelta(seconds=1)),
+    "baby_gloo": lambda: ProcessGroupBabyGloo(timeout=timedelta(seconds=10)),
+}
+#: The class each Manager test builds (with its default arguments) in place of ProcessGroupGloo.
+MANAGER_GROUPS: dict[str, type] = {
+    "pyc10d": ProcessGroupPyc10d, "gloo": ProcessGroupGloo, "baby_gloo": ProcessGroupBabyGloo,
+}
+
+
+def multi_pg_case(group: str, collectives: list[str] | None = None) -> type[unittest.TestCase]:
+    """torchft's multi-PG test class for ``group`` (a key of ``GROUPS``)."""
+    factory = GROUPS[group]
+    names = list(ALL_COLLECTIVES if collectives is None else collectives)
+
+    class Case(_pgt.MultiPgBaseTest):
+        BACKEND = group
+        WORLD_SIZE = 3
+
+        @classmethod
+        def _create_pg(cls, backend: str) -> ProcessGroup:
+            return factory()
+
+        @parameterized.expand(names)
+        def test_collective(self, collective: str) -> None:
+            self._run_parallel(collective, device="cpu")
+
+        @parameterized.expand(names)
+        def test_collective_with_resiliency(self, collective: str) -> None:
+            self._run_with_resiliency(collective, device="cpu")
+
+    Case.__name__ = Case.__qualname__ = f"MultiPgTest_{group}"
+    return Case
+
+
+def manager_case(group: str) -> type[unittest.TestCase]:
+    """torchft's ``ManagerIntegTest`` with ``group``'s class in place of ProcessGroupGloo.
+
+    Each test that runs must build at least one group through the substitution (a torchft
+    whose train loops stopped naming ``ProcessGroupGloo`` would otherwise test Gloo)."""
+    cls = MANAGER_GROUPS[group]
+
+    class Case(_mit.ManagerIntegTest):
+        def setUp(self) -> None:
+            super().setUp()
+            built: list[ProcessGroup] = []
+            self._skipped = False
+
+            def make(*args: Any, **kwargs: Any) -> ProcessGroup:
+                built.append(cls(*args, **kwargs))
+                return built[-1]
+
+            patcher = mock.patch.object(_mit, "ProcessGroupGloo", make)
+            patcher.start()
+            self.addCleanup(patcher.stop)
+            self.addCleanup(self._check_built, built)
+
+        def skipTest(self, reason: Any) -> None:  # noqa: N802 - unittest's name
+            self._skipped = True
+            super().skipTest(reason)
+
+        def _check_built(self, built: list[ProcessGroup]) -> None:
+            if not self._skipped and not built:
+                raise AssertionError(f"{self.id()} built no {cls.__name__}: the substitution missed")
+
+    Case.__name__ = Case.__qualname__ = f"ManagerIntegTest_{group}"
+    return Case
+
+
+def selection(group: str) -> unittest.TestSuite:
+    """The multi-PG cases and the Manager tests for ``group``, in torchft's order."""
+    loader = unittest.TestLoader()
+    return unittest.TestSuite([loader.loadTestsFromTestCase(multi_pg_case(group)),
+                               loader.loadTestsFromTestCase(manager_case(group))])
+
+
+class _Recorder(unittest.TextTestResult):
+    """Each test's outcome and seconds."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.records: dict[str, dict[str, Any]] = {}
+        self._t0 = 0.0
+
+    def startTest(self, test: unittest.TestCase) -> None:  # noqa: N802 - unittest's name
+        self._t0 = time.monotonic()
+        super().startTest(test)
+
+    def _put(self, test: unittest.TestCase, outcome: str, reason: str = "") -> None:
+        name = test.id().rsplit(".", 2)[-2:]
+        self.records[".".join(name)] = {"outcome": outcome, "reason": reason[-600:],
+                                        "seconds": round(time.monotonic() - self._t0, 3)}
+
+    def addSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802
+        super().addSuccess(test)
+        self._put(test, "passed")
+
+    def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+        super().addFailure(test, err)
+        self._put(test, "failed", self.failures[-1][1])
+
+    def addError(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
+        super().addError(test, err)
+        self._put(test, "error", self.errors[-1][1])
+
+    def addSkip(self, test: unittest.TestCase, reason: str) -> None:  # noqa: N802
+        super().addSkip(test, reason)
+        self._put(test, "skipped", reason)
+
+
+def run(group: str) -> dict[str, Any]:
+    """Run the selection for ``group`` in this process; its records and wall time."""
+    runner = unittest.TextTestRunner(stream=sys.stderr, verbosity=0, resultclass=_Recorder)
+    t0 = time.monotonic()
+    result = runner.run(selection(group))
+    wall = time.monotonic() - t0
+    return {"group": group, "wall_s": round(wall, 2), "tests": result.records}  # type: ignore[attr-defined]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("group", choices=sorted(GROUPS))
+    ap.add_argument("--json", type=Path, help="write the records here")
+    args = ap.parse_args(argv)
+    out = run(args.group)
+    counts: dict[str, int] = {}
+    for rec in out["tests"].values():
+        counts[rec["outcome"]] = counts.get(rec["outcome"], 0) + 1
+    print(json.dumps({"group": args.group, "wall_s": out["wall_s"], **counts}))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0 if not counts.get("failed") and not counts.get("error") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
