@@ -1,0 +1,189 @@
+"""Fault-tolerant training with torchft over pyc10d: a replica is killed, comes back, heals.
+
+Two replica groups train one model with torchft's ``Manager`` (a Lighthouse forms each step's
+quorum; gradients are averaged across the replicas that are in it) on
+``pyc10d.integrations.torchft.ProcessGroupPyc10d``. Mid-run this script SIGKILLs replica 1;
+replica 0 goes on alone (its group with the dead replica fails at once, the Manager skips
+that step's commit and the next quorum holds replica 0 only); replica 1 is started again,
+joins the next quorum, heals from replica 0's state (model and optimizer, over torchft's HTTP
+checkpoint transport) and the two train together to the end. They stop at the same step, and
+the script checks that both end with the same parameters, bit for bit. Run with:
+
+    python examples/fault_tolerant_training.py --steps 40
+
+It prints the time from the kill to replica 0's next committed step. ``--replica N`` runs one
+replica (the script starts its replicas that way); needs ``pip install torchft-nightly``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+#: How long the Lighthouse waits for a silent replica's heartbeat before it leaves the quorum
+#: (torchft's default is 5 s); the time a survivor stalls after a peer dies is about this.
+HEARTBEAT_TIMEOUT_MS = 1000
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)  # every replica starts equal (torchft also heals a newcomer at once)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def batch(step: int, replica: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each replica's own data for ``step`` (data parallel: different batches, one model)."""
+    g = torch.Generator().manual_seed(1000 * step + replica)
+    x = torch.randn(8, 16, generator=g)
+    return x, (x[:, :4].sum(1) > 0).long() + (x[:, 4:8].sum(1) > 0).long()
+
+
+def replica_main(args: argparse.Namespace) -> int:
+    from torchft import Manager
+    from torchft.optim import OptimizerWrapper
+    from torchft.ddp import DistributedDataParallel
+
+    from pyc10d.integrations.torchft import ProcessGroupPyc10d
+
+    store = torch.distributed.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+    model = make_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": optimizer.state_dict()}
+
+    def load_state_dict(sd: dict[str, Any]) -> None:
+        model.load_state_dict(sd["model"])
+        optimizer.load_state_dict(sd["optim"])
+
+    manager = Manager(
+        pg=ProcessGroupPyc10d(timeout=timedelta(seconds=10)),
+        min_replica_size=1,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        replica_id=f"replica_{args.replica}",
+        store_addr="localhost",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=args.lighthouse,
+        timeout=timedelta(seconds=10),
+        quorum_timeout=timedelta(seconds=30),
+    )
+    ddp = DistributedDataParallel(manager, model)
+    opt = OptimizerWrapper(manager, optimizer)
+    loss_fn = nn.CrossEntropyLoss()
+    try:
+        while True:
+            before = manager.current_step()
+            x, y = batch(before, args.replica)
+            opt.zero_grad()
+            loss = loss_fn(ddp(x), y)
+            loss.backward()
+            opt.step()  # commits only if every replica of the quorum succeeded
+            step, n = manager.current_step(), manager.num_participants()
+            print(json.dumps({"replica": args.replica, "step": step, "committed": step > before,
+                              "participants": n, "loss": round(loss.item(), 4), "t": time.time()}),
+                  flush=True)
+            # Both replicas see the same step and quorum, so both stop at the same step.
+            if step >= args.steps and n == 2:
+                break
+            time.sleep(args.step_sleep)
+        torch.save({"step": manager.current_step(), "model": model.state_dict()}, args.out)
+    finally:
+        manager.shutdown(wait=False)
+    return 0
+
+
+def start(replica: int, lighthouse: str, args: argparse.Namespace, out: Path) -> subprocess.Popen:
+    cmd = [sys.executable, os.path.abspath(__file__), "--replica", str(replica), "--lighthouse",
+           lighthouse, "--steps", str(args.steps), "--step-sleep", str(args.step_sleep),
+           "--out", str(out)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def read_until(proc: subprocess.Popen, done: Any, seen: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Read ``proc``'s step lines (into ``seen``) until ``done(line)``; None at its end."""
+    for raw in proc.stdout:  # type: ignore[union-attr]
+        if raw.startswith("{"):
+            rec = json.loads(raw)
+            seen.append(rec)
+            if done(rec):
+                return rec
+    return None
+
+
+def main(args: argparse.Namespace) -> int:
+    import threading
+
+    os.environ.setdefault("RUST_LOG", "warn")  # the Lighthouse logs every quorum at info
+    from torchft._torchft import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=200,
+                                  heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "replica0.pt", out / "replica1.pt"]
+    steps0: list[dict[str, Any]] = []
+    steps1: list[dict[str, Any]] = []
+    r0 = start(0, lighthouse.address(), args, paths[0])
+    r1 = start(1, lighthouse.address(), args, paths[1])
+    try:
+        # Kill replica 1 once both have trained together for a few steps.
+        if read_until(r1, lambda r: r["participants"] == 2 and r["step"] >= args.kill_at, steps1) is None:
+            raise SystemExit("replica 1 ended before the kill")
+        killed_at = time.time()
+        r1.send_signal(signal.SIGKILL)
+        r1.wait()
+        print(f"killed replica 1 (SIGKILL) after step {steps1[-1]['step']}")
+        reader = threading.Thread(target=read_until, args=(r0, lambda r: False, steps0), daemon=True)
+        reader.start()
+        r1 = start(1, lighthouse.address(), args, paths[1])
+        steps1 = []  # the restarted replica's steps
+        read_until(r1, lambda r: False, steps1)
+        codes = (r0.wait(timeout=120), r1.wait(timeout=120))
+        reader.join(timeout=10)
+    finally:
+        for p in (r0, r1):
+            if p.poll() is None:
+                p.kill()
+        lighthouse.shutdown()
+    if codes != (0, 0):
+        raise SystemExit(f"replicas exited with {codes}")
+    after = [r for r in steps0 if r["t"] > killed_at]
+    good = next(r for r in after if r["committed"])
+    alone = [r for r in after if r["participants"] == 1 and r["committed"]]
+    healed = next(r for r in steps1 if r["committed"])  # its first step, after healing
+    print(f"replica 0: next committed step {good['step']} {good['t'] - killed_at:.2f} s after the kill; "
+          f"{len(alone)} steps trained alone; replica 1 back (healed) at step {healed['step']}")
+    a, b = (torch.load(p) for p in paths)
+    if a["step"] != b["step"]:
+        raise SystemExit(f"replicas stopped at different steps: {a['step']} and {b['step']}")
+    diff = [k for k in a["model"] if not torch.equal(a["model"][k], b["model"][k])]
+    if diff:
+        raise SystemExit(f"parameters differ across replicas at step {a['step']}: {diff}")
+    print(f"both replicas ended at step {a['step']} with equal parameters")
+    return 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=40, help="train at least this many steps")
+    ap.add_argument("--kill-at", type=int, default=5, help="kill replica 1 after this step")
+    ap.add_argument("--step-sleep", type=float, default=0.02, help="pause between steps (s)")
+    ap.add_argument("--out-dir", default="fault_tolerant_out", help="where the final states go")
+    ap.add_argument("--replica", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--lighthouse", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    sys.exit(replica_main(a) if a.replica is not None else main(a))
