@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .backends import Options
+from .backends.base import release_on_drop
 from .backends.fake import FakeBackend
 from .backends.hier import create_auto, create_hier
 from .backends.lane import LaneOps
@@ -119,6 +120,8 @@ class ProcessGroup:
         self._backend_name = backend_name
         self.bound_device_id = None
         self._store: Store | None = None  # the group's store (PrefixStore), set by its maker
+        if engine is not None:  # a group nobody holds any more shuts down (``release_on_drop``)
+            release_on_drop(self, engine)
 
     def rank(self) -> int:
         return self._rank

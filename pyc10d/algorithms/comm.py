@@ -144,7 +144,10 @@ class PendingRecv:
             detail = f"rank {c.rank} timed out after {c.timeout:.1f}s waiting for data from {source}"
             raise DistTimeoutError(f"{c.op}: {with_torch_phrase(e, detail)}") from None
         except Exception as e:  # a point-to-point receive's error is not annotated later
-            raise with_message(e, f"{c.op}: {with_torch_phrase(e, f'rank {c.rank}: {e}')}") from None
+            text = str(e)
+            if not text.startswith(f"rank {c.rank}: "):  # (a transport's own error names it)
+                text = f"rank {c.rank}: {text}"
+            raise with_message(e, f"{c.op}: {with_torch_phrase(e, text)}") from None
         if self.peer == ANY_SOURCE:  # the transport matched a sender: name it by group rank
             self.peer = c.ranks.index(self.handle.peer)
         theirs = meta >> 8

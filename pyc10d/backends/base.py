@@ -17,10 +17,12 @@ operations on the group raise the same error instead of hanging.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
 import time
+import weakref
 import zlib
 from collections import deque
 from collections.abc import Callable
@@ -64,6 +66,47 @@ def _reworded(error: BaseException, text: str) -> BaseException:
         return error
     new.__cause__ = error.__cause__
     return new
+
+
+def _without_trace(error: BaseException) -> str:
+    """``error``'s text less the ``[flight recorder: path]`` note ``_with_trace`` added: an
+    error that quotes it gets a note of its own."""
+    text = str(error)
+    cut = text.rfind(" [flight recorder: ")
+    return text[:cut] if cut >= 0 and text.endswith("]") else text
+
+
+def release_on_drop(owner: object, engine: Any) -> None:
+    """Shut ``engine`` down when ``owner``, the group object users hold, is garbage.
+
+    An engine is kept alive by its own threads (progress, receivers) and callbacks, so it
+    never dies with the last user reference the way a Gloo group does; a group dropped by
+    reference (torchft's wrapper sets ``self._pg = None`` after a failure) would otherwise
+    keep its threads, sockets and arena, and its peers would wait out their timeout. The
+    finalizer does what ``destroy_process_group`` does: ``shutdown``, which closes what the
+    engine owns, so the peers raise "Connection closed by peer" at once. Not at interpreter
+    exit (``atexit``): a process that ends closes everything anyway.
+    """
+    weakref.finalize(owner, _release, engine).atexit = False
+
+
+def _release(engine: Any) -> None:
+    # A pyc10d thread (progress, receiver) may drop the last reference (a Work's callback,
+    # or a cycle collected mid-operation): ``shutdown`` joins those threads, so it runs on
+    # a thread of its own there.
+    if threading.current_thread().name.startswith("pyc10d-"):
+        threading.Thread(target=_shutdown_quietly, args=(engine,), daemon=True,
+                         name="pyc10d-release").start()
+    else:
+        _shutdown_quietly(engine)
+
+
+def _shutdown_quietly(engine: Any) -> None:
+    try:
+        engine.shutdown()
+    except Exception as e:  # noqa: BLE001 - a finalizer has no caller to raise to
+        logging.getLogger("pyc10d").debug("pyc10d: releasing dropped group %r: %s",
+                                          getattr(engine, "group_name", "?"), e)
 
 
 class Options:
@@ -404,7 +447,7 @@ class Engine:
         self._entered = (work.seq, work.opname)
         try:
             if self._broken is not None:
-                raise type(self._broken)(f"unusable after an earlier failure: {self._broken}")
+                raise type(self._broken)(f"unusable after an earlier failure: {_without_trace(self._broken)}")
             if self._desync is not None:  # found after an earlier operation had returned
                 raise self._desync
             comm = Comm(self.transport, self.ranks, self._rank, channel, timeout, work.opname)
@@ -557,7 +600,10 @@ class Engine:
             self.transport.close()
 
     def abort(self) -> None:
-        self._fail_group(DistBackendError(f"group {self.group_name!r} aborted by rank {self._rank}"))
+        # The peers' error already says "aborted by rank N" (``transport.base.abort_error``)
+        # and names the group and operation: the reason they get is only what happened.
+        self._fail_group(DistBackendError(f"group {self.group_name!r} aborted by rank {self._rank}"),
+                         "it called abort()")
         self.shutdown()
 
     def _check_device(self, tensors: list[torch.Tensor], opname: str) -> None:

@@ -272,7 +272,7 @@ class ShmBackend(Backend):
     # -- failure and shutdown -----------------------------------------------------------
     def _fail_group(self, error: BaseException, reason: str | None = None) -> None:
         if self._broken is None and self._arena is not None:
-            self._arena.abort(f"group {self.group_name!r}, rank {self._rank}: {reason or error}")
+            self._arena.abort(reason or str(error))  # its error says "aborted by rank N: ..."
         super()._fail_group(error, reason)
 
     def shutdown(self) -> None:

@@ -60,12 +60,20 @@ class Watchdog:
     def unregister(self, engine: Any) -> None:
         with self._lock:
             self._engines.discard(engine)
+            if not self._engines:  # the last group is gone: let the thread end now
+                self._wake.set()
 
     def _run(self) -> None:
+        """Look every period while some group is registered; end when none is (the next
+        ``register`` starts the thread again), so no pyc10d thread outlives the last group."""
         while True:
             self._wake.wait(period())
             with self._lock:
+                self._wake.clear()
                 engines = list(self._engines)
+                if not engines:
+                    self._thread = None
+                    return
             # every rank of this process publishes before any of them looks at the others
             # (ranks as threads share this loop)
             for step in (publish, check, unattended):

@@ -29,6 +29,7 @@ from torch._C._distributed_c10d import BroadcastOptions as _BroadcastOptions
 from torch._C._distributed_c10d import ReduceScatterOptions as _ReduceScatterOptions
 from torch._C._distributed_c10d import Work as _TorchWorkBase
 
+from ..backends.base import release_on_drop
 from ..backends.lane import LaneOps
 from ..backends.work import CompletedWork, Work
 from . import options as opt
@@ -165,6 +166,9 @@ class TorchProcessGroup(tdist.ProcessGroup):
         self._group_name = engine.group_name
         self._group_desc = "undefined"
         self._done: TorchWork | None = None  # every synchronous lane call's Work (``_laned``)
+        # Dropped by its last holder (torchft drops a failed group by reference), the group
+        # shuts down as a Gloo group does in its destructor (``release_on_drop``).
+        release_on_drop(self, engine)
 
     @property
     def engine(self) -> Any:
