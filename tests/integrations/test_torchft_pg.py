@@ -1,0 +1,163 @@
+"""``ProcessGroupPyc10d`` beyond torchft's own tests: what torchft relies on from it.
+
+Ranks are threads, groups are made and reconfigured through torchft's
+``reconfigure_with_store`` as torchft's tests make them. Checked: an ``abort`` from another
+thread releases a collective blocked on a peer that never comes (torchft's reason to run Gloo
+in a subprocess), ``shutdown`` tells the peers at once while the group is still referenced,
+``set_timeout`` applies to the live group, ``errored`` names the failure as an abort, and a
+reconfiguration shuts the previous group down.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("torchft", reason="torchft-nightly (the test extra) is not installed")
+
+from torch._C._distributed_c10d import AllreduceOptions  # noqa: E402
+from torch.distributed import TCPStore  # noqa: E402
+from torchft.process_group import reconfigure_with_store  # noqa: E402
+
+from pyc10d.integrations.torchft import ProcessGroupPyc10d  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(40), pytest.mark.xdist_group("torchft")]
+
+BACKENDS = ["pyc10d_shm", "pyc10d_tcp"]
+
+
+def _on_ranks(world: int, body: Callable[[int, ProcessGroupPyc10d], Any], backend: str,
+              timeout_s: float = 10.0) -> list[Any]:
+    """``body(rank, pg)`` on ``world`` threads, each with a group of ``world`` ranks."""
+    store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+
+    def rank_main(rank: int) -> Any:
+        pg = ProcessGroupPyc10d(timeout=timedelta(seconds=timeout_s), backend=backend)
+        reconfigure_with_store(pg, f"localhost:{store.port}/g", rank, world)
+        try:
+            return body(rank, pg)
+        finally:
+            pg.shutdown()
+
+    with ThreadPoolExecutor(world) as ex:
+        return list(ex.map(rank_main, range(world)))
+
+
+def _allreduce(pg: ProcessGroupPyc10d, value: float = 1.0) -> torch.Tensor:
+    t = torch.full((4,), value)
+    pg.allreduce([t], AllreduceOptions()).wait()
+    return t
+
+
+def _failing(fn: Callable[[], Any]) -> tuple[float, BaseException]:
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        fn()
+    return time.monotonic() - t0, info.value
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_abort_from_another_thread_releases_a_blocked_collective(backend: str) -> None:
+    """Rank 1 never joins; rank 0's all_reduce (60 s timeout) is released by an abort from a
+    watchdog thread within a second, and ``errored`` then answers an "aborted" error."""
+    joined = threading.Event()
+
+    def body(rank: int, pg: ProcessGroupPyc10d) -> Any:
+        _allreduce(pg)
+        if rank == 1:
+            joined.wait(20)
+            return None
+        threading.Timer(0.3, pg.abort).start()
+        took, error = _failing(lambda: _allreduce(pg))
+        joined.set()
+        return took, error, pg.errored()
+
+    (took, error, errored), _ = _on_ranks(2, body, backend, timeout_s=60)
+    assert took < 1.3, f"abort released the collective after {took:.2f} s"
+    assert "aborted" in str(error)
+    assert isinstance(errored, RuntimeError) and "aborted" in str(errored)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_shutdown_tells_the_peers_at_once(backend: str) -> None:
+    """Rank 2 shuts its group down while its wrapper (and the group) stay referenced: the
+    others' next all_reduce fails with "Connection closed by peer" well before the 30 s
+    timeout, and their ``errored`` says the group aborted."""
+    def body(rank: int, pg: ProcessGroupPyc10d) -> Any:
+        assert _allreduce(pg).tolist() == [3.0] * 4
+        if rank == 2:
+            held = pg._pg
+            pg.shutdown()
+            time.sleep(1.5)  # ``held`` keeps the group alive past the peers' failure
+            return held
+        took, error = _failing(lambda: _allreduce(pg))
+        return took, error, pg.errored()
+
+    results = _on_ranks(3, body, backend, timeout_s=30)
+    for took, error, errored in results[:2]:
+        assert took < 1.0, f"the peers learnt of the shutdown after {took:.2f} s"
+        assert "Connection closed by peer" in str(error) and "rank 2" in str(error)
+        assert "aborted" in str(errored)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_set_timeout_applies_to_the_live_group(backend: str) -> None:
+    """A group made with a 30 s timeout and set to 0.5 s: a collective rank 1 never joins
+    times out in about 0.5 s, with torch's "Timed out"."""
+    done = threading.Event()
+
+    def body(rank: int, pg: ProcessGroupPyc10d) -> Any:
+        _allreduce(pg)
+        if rank == 1:
+            done.wait(20)
+            return None
+        pg.set_timeout(timedelta(seconds=0.5))
+        took, error = _failing(lambda: _allreduce(pg))
+        done.set()
+        return took, error
+
+    (took, error), _ = _on_ranks(2, body, backend, timeout_s=30)
+    assert 0.4 < took < 3.0, took
+    assert "Timed out" in str(error)
+
+
+def test_reconfigure_shuts_the_previous_group_down() -> None:
+    """Each reconfiguration makes a new group (new rank numbering allowed) and shuts the old
+    one down: its engine is closed, and the new group works."""
+    store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+
+    def rank_main(rank: int) -> Any:
+        pg = ProcessGroupPyc10d(timeout=timedelta(seconds=10), backend="pyc10d_tcp")
+        reconfigure_with_store(pg, f"localhost:{store.port}/q1", rank, 2)
+        first = pg._pg
+        _allreduce(pg)
+        reconfigure_with_store(pg, f"localhost:{store.port}/q2", 1 - rank, 2)
+        second = pg._pg
+        total = _allreduce(pg, 2.0)
+        pg.shutdown()
+        return first, second, total
+
+    with ThreadPoolExecutor(2) as ex:
+        for first, second, total in ex.map(rank_main, range(2)):
+            assert first is not second
+            assert first.engine._closed and second.engine._closed
+            assert total.tolist() == [4.0] * 4
+            assert pg_name(first) != pg_name(second)
+
+
+def pg_name(pg: Any) -> str:
+    return pg.engine.group_name
+
+
+def test_backend_name_and_choice() -> None:
+    assert ProcessGroupPyc10d().getBackendName() == "torchft-pyc10d"
+    assert ProcessGroupPyc10d(backend="pyc10d_tcp").getBackendName() == "torchft-pyc10d_tcp"
+    with pytest.raises(ValueError, match="unknown backend 'gloo'"):
+        ProcessGroupPyc10d(backend="gloo")
