@@ -19,6 +19,9 @@
 #               pyc10d_shm / pyc10d_tcp (world size 2) and pyc10d_shm (4) beside Gloo, then the
 #               tests torch gates on the name gloo against pyc10d; prints the README's table
 #               (minutes; results in benchmarks/results/torch_suite; a slice runs in make test)
+#   make test-torchft  torchft's own multi-PG and Manager tests (from its wheel) on
+#               pyc10d.integrations.torchft.ProcessGroupPyc10d, 3 runs, beside torchft's
+#               ProcessGroupGloo and ProcessGroupBabyGloo (minutes; make test runs them once)
 #   make lint   ruff
 
 PYTHON ?= python3
@@ -30,7 +33,7 @@ BENCH_ARGS ?=
 FUZZ_FRAMES ?= 100000
 PROPERTY_EXAMPLES ?= 3000
 
-.PHONY: venv demo test test-launchers fuzz chaos bench torch-suite lint clean
+.PHONY: venv demo test test-launchers fuzz chaos bench torch-suite test-torchft lint clean
 
 venv: $(STAMP)
 
@@ -84,6 +87,10 @@ chaos: $(STAMP)
 # Not part of `make test` (tests/test_torch_suite.py runs a fixed slice of it): minutes.
 torch-suite: $(STAMP)
 	$(PY) -m pyc10d.testing.torch_suite
+
+# Not part of `make test` (tests/integrations/test_torchft.py runs the selection once on pyc10d).
+test-torchft: $(STAMP)
+	$(PY) -m pyc10d.testing.torchft_suite --runs 3
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -50,8 +50,8 @@ def batch(step: int, replica: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def replica_main(args: argparse.Namespace) -> int:
     from torchft import Manager
-    from torchft.optim import OptimizerWrapper
     from torchft.ddp import DistributedDataParallel
+    from torchft.optim import OptimizerWrapper
 
     from pyc10d.integrations.torchft import ProcessGroupPyc10d
 

@@ -15,14 +15,17 @@ bodies and helpers as torchft wrote them; only the process group differs:
   the module's ``ProcessGroupGloo`` (the only group its CPU train loops build) is the group
   under test.
 
-``python -m pyc10d.testing.torchft_suite`` runs the selection for pyc10d and for torchft's
-Gloo classes in one process each, as torchft runs its tests, and prints the times.
+``python -m pyc10d.testing.torchft_suite`` (``make test-torchft``) runs the selection three
+times for pyc10d and for torchft's ``ProcessGroupGloo`` and ``ProcessGroupBabyGloo``, each run
+in one process as torchft runs its tests, and prints the times and what did not pass;
+``python -m pyc10d.testing.torchft_suite pyc10d`` runs it once, here.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 import unittest
@@ -38,6 +41,8 @@ from torchft import process_group_test as _pgt
 from torchft.process_group import ProcessGroup, ProcessGroupBabyGloo, ProcessGroupGloo
 
 from ..integrations.torchft import ProcessGroupPyc10d
+
+RESULTS = Path("benchmarks/results/torchft")
 
 #: Every collective torchft's multi-PG tests know, Gloo's skips included.
 ALL_COLLECTIVES: list[str] = list(_pgt._ALL_COLLECTIVES)
@@ -164,11 +169,49 @@ def run(group: str) -> dict[str, Any]:
     return {"group": group, "wall_s": round(wall, 2), "tests": result.records}  # type: ignore[attr-defined]
 
 
+def compare(groups: list[str], runs: int, out_dir: Path) -> dict[str, Any]:
+    """``runs`` runs of the selection per group, one fresh interpreter per run (torchft runs
+    its tests in one process: every case of a run shares it), groups interleaved run by run
+    so that a busy spell of the machine falls on all of them. Returns the summary."""
+    walls: dict[str, list[float]] = {g: [] for g in groups}
+    bad: dict[str, dict[str, str]] = {g: {} for g in groups}
+    for i in range(runs):
+        for g in groups:
+            path = out_dir / f"{g}-{i}.json"
+            proc = subprocess.run([sys.executable, "-m", __spec__.name, g, "--json", str(path)],
+                                  capture_output=True, text=True, check=False)
+            if not path.exists():
+                raise RuntimeError(f"{g} run {i} wrote no records:\n{proc.stderr[-3000:]}")
+            rec = json.loads(path.read_text())
+            walls[g].append(rec["wall_s"])
+            for name, t in rec["tests"].items():
+                if t["outcome"] not in ("passed", "skipped"):
+                    bad[g][name] = f"{t['outcome']}: {t['reason'].strip().splitlines()[-1][:160]}"
+            print(f"run {i + 1}/{runs} {g}: {rec['wall_s']:.1f} s", flush=True)
+    summary = {"runs": runs, "walls_s": walls, "not_passed": bad}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("group", choices=sorted(GROUPS))
-    ap.add_argument("--json", type=Path, help="write the records here")
+    ap.add_argument("group", nargs="?", choices=sorted(GROUPS),
+                    help="run the selection once for this group, in this process")
+    ap.add_argument("--json", type=Path, help="write that run's records here")
+    ap.add_argument("--compare", default="pyc10d,gloo,baby_gloo",
+                    help="without GROUP: these groups, --runs times each (default %(default)s)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    if args.group is None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        summary = compare(args.compare.split(","), args.runs, args.out)
+        print(f"\ntorchft's multi-PG and Manager tests, {args.runs} runs, seconds per run:")
+        for g, walls in summary["walls_s"].items():
+            fails = summary["not_passed"][g]
+            print(f"  {g:10s} {' '.join(f'{w:6.1f}' for w in walls)}   "
+                  f"{'all passed' if not fails else f'{len(fails)} not passed: ' + ', '.join(sorted(fails))}")
+        return 0 if not summary["not_passed"].get("pyc10d") else 1
     out = run(args.group)
     counts: dict[str, int] = {}
     for rec in out["tests"].values():
