@@ -6,8 +6,9 @@ quorum; gradients are averaged across the replicas that are in it) on
 replica 0 goes on alone (its group with the dead replica fails at once, the Manager skips
 that step's commit and the next quorum holds replica 0 only); replica 1 is started again,
 joins the next quorum, heals from replica 0's state (model and optimizer, over torchft's HTTP
-checkpoint transport) and the two train together to the end. They stop at the same step, and
-the script checks that both end with the same parameters, bit for bit. Run with:
+checkpoint transport) and the two train together to the end. Once replica 1 is back the script
+names a stopping step a little ahead (``--steps`` at least); both replicas stop there, and the
+script checks that both end with the same parameters, bit for bit. Run with:
 
     python examples/fault_tolerant_training.py --steps 40
 
@@ -34,6 +35,9 @@ from torch import nn
 #: How long the Lighthouse waits for a silent replica's heartbeat before it leaves the quorum
 #: (torchft's default is 5 s); the time a survivor stalls after a peer dies is about this.
 HEARTBEAT_TIMEOUT_MS = 1000
+#: Steps between the moment the stopping step is named and the step itself: more than either
+#: replica can run before it reads the file (its steps are paced by ``--step-sleep``).
+STOP_MARGIN = 20
 
 
 def make_model() -> nn.Module:
@@ -96,7 +100,7 @@ def replica_main(args: argparse.Namespace) -> int:
                               "participants": n, "loss": round(loss.item(), 4), "t": time.time()}),
                   flush=True)
             # Both replicas see the same step and quorum, so both stop at the same step.
-            if step >= args.steps and n == 2:
+            if n == 2 and os.path.exists(args.stop_file) and step >= int(Path(args.stop_file).read_text()):
                 break
             time.sleep(args.step_sleep)
         torch.save({"step": manager.current_step(), "model": model.state_dict()}, args.out)
@@ -107,8 +111,8 @@ def replica_main(args: argparse.Namespace) -> int:
 
 def start(replica: int, lighthouse: str, args: argparse.Namespace, out: Path) -> subprocess.Popen:
     cmd = [sys.executable, os.path.abspath(__file__), "--replica", str(replica), "--lighthouse",
-           lighthouse, "--steps", str(args.steps), "--step-sleep", str(args.step_sleep),
-           "--out", str(out)]
+           lighthouse, "--step-sleep", str(args.step_sleep), "--out", str(out),
+           "--stop-file", str(out.parent / "stop_at")]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
@@ -134,10 +138,13 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "replica0.pt", out / "replica1.pt"]
+    (out / "stop_at").unlink(missing_ok=True)
     steps0: list[dict[str, Any]] = []
     steps1: list[dict[str, Any]] = []
     r0 = start(0, lighthouse.address(), args, paths[0])
     r1 = start(1, lighthouse.address(), args, paths[1])
+    reader = threading.Thread(target=read_until, args=(r0, lambda r: False, steps0), daemon=True)
+    reader.start()
     try:
         # Kill replica 1 once both have trained together for a few steps.
         if read_until(r1, lambda r: r["participants"] == 2 and r["step"] >= args.kill_at, steps1) is None:
@@ -146,10 +153,13 @@ def main(args: argparse.Namespace) -> int:
         r1.send_signal(signal.SIGKILL)
         r1.wait()
         print(f"killed replica 1 (SIGKILL) after step {steps1[-1]['step']}")
-        reader = threading.Thread(target=read_until, args=(r0, lambda r: False, steps0), daemon=True)
-        reader.start()
         r1 = start(1, lighthouse.address(), args, paths[1])
         steps1 = []  # the restarted replica's steps
+        if read_until(r1, lambda r: r["committed"] and r["participants"] == 2, steps1) is None:
+            raise SystemExit("the restarted replica 1 ended before it trained with replica 0")
+        # Both are back in step: stop a little ahead of where either is now.
+        ahead = max(r["step"] for r in steps0 + steps1) + STOP_MARGIN
+        (out / "stop_at").write_text(str(max(args.steps, ahead)))
         read_until(r1, lambda r: False, steps1)
         codes = (r0.wait(timeout=120), r1.wait(timeout=120))
         reader.join(timeout=10)
@@ -160,9 +170,9 @@ def main(args: argparse.Namespace) -> int:
         lighthouse.shutdown()
     if codes != (0, 0):
         raise SystemExit(f"replicas exited with {codes}")
-    after = [r for r in steps0 if r["t"] > killed_at]
-    good = next(r for r in after if r["committed"])
-    alone = [r for r in after if r["participants"] == 1 and r["committed"]]
+    # The survivor's next good step: the first it commits without the dead replica.
+    alone = [r for r in steps0 if r["t"] > killed_at and r["participants"] == 1 and r["committed"]]
+    good = alone[0]
     healed = next(r for r in steps1 if r["committed"])  # its first step, after healing
     print(f"replica 0: next committed step {good['step']} {good['t'] - killed_at:.2f} s after the kill; "
           f"{len(alone)} steps trained alone; replica 1 back (healed) at step {healed['step']}")
@@ -185,5 +195,6 @@ if __name__ == "__main__":
     ap.add_argument("--replica", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--lighthouse", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--stop-file", help=argparse.SUPPRESS)
     a = ap.parse_args()
     sys.exit(replica_main(a) if a.replica is not None else main(a))
