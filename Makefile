@@ -22,6 +22,9 @@
 #   make test-torchft  torchft's own multi-PG and Manager tests (from its wheel) on
 #               pyc10d.integrations.torchft.ProcessGroupPyc10d, 3 runs, beside torchft's
 #               ProcessGroupGloo and ProcessGroupBabyGloo (minutes; make test runs them once)
+#   make chaos-torchft  200 failures under torchft (tests/chaos_torchft.py): replica groups on
+#               ProcessGroupPyc10d, one SIGKILLed and restarted at a time; then the recovery
+#               bench beside torchft's Gloo classes (python -m pyc10d.bench.torchft_recovery)
 #   make lint   ruff
 
 PYTHON ?= python3
@@ -33,7 +36,7 @@ BENCH_ARGS ?=
 FUZZ_FRAMES ?= 100000
 PROPERTY_EXAMPLES ?= 3000
 
-.PHONY: venv demo test test-launchers fuzz chaos bench torch-suite test-torchft lint clean
+.PHONY: venv demo test test-launchers fuzz chaos bench torch-suite test-torchft chaos-torchft lint clean
 
 venv: $(STAMP)
 
@@ -91,6 +94,10 @@ torch-suite: $(STAMP)
 # Not part of `make test` (tests/integrations/test_torchft.py runs the selection once on pyc10d).
 test-torchft: $(STAMP)
 	$(PY) -m pyc10d.testing.torchft_suite --runs 3
+
+chaos-torchft: $(STAMP)
+	$(PY) tests/chaos_torchft.py --failures 200
+	$(PY) -m pyc10d.bench.torchft_recovery --trials 5
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -12,7 +12,11 @@ script checks that both end with the same parameters, bit for bit. Run with:
 
     python examples/fault_tolerant_training.py --steps 40
 
-It prints the time from the kill to replica 0's next committed step. ``--replica N`` runs one
+It prints the time from the kill to replica 0's next committed step (its first without replica
+1). ``--fault stop`` SIGSTOPs replica 1 instead (a hung replica: nothing closes; it is killed
+and restarted once replica 0 has gone on without it). ``--pg gloo`` / ``--pg baby_gloo`` run
+torchft's own ``ProcessGroupGloo`` / ``ProcessGroupBabyGloo`` instead, for comparison
+(``python -m pyc10d.bench.torchft_recovery`` does that many times). ``--replica N`` runs one
 replica (the script starts its replicas that way); needs ``pip install torchft-nightly``.
 """
 
@@ -35,6 +39,8 @@ from torch import nn
 #: How long the Lighthouse waits for a silent replica's heartbeat before it leaves the quorum
 #: (torchft's default is 5 s); the time a survivor stalls after a peer dies is about this.
 HEARTBEAT_TIMEOUT_MS = 1000
+#: The process group's timeout, and the Manager's for a step's collectives and commit.
+PG_TIMEOUT_S = 10
 #: Steps between the moment the stopping step is named and the step itself: more than either
 #: replica can run before it reads the file (its steps are paced by ``--step-sleep``).
 STOP_MARGIN = 20
@@ -56,8 +62,12 @@ def replica_main(args: argparse.Namespace) -> int:
     from torchft import Manager
     from torchft.ddp import DistributedDataParallel
     from torchft.optim import OptimizerWrapper
+    from torchft.process_group import ProcessGroupBabyGloo, ProcessGroupGloo
 
     from pyc10d.integrations.torchft import ProcessGroupPyc10d
+
+    make_pg = {"pyc10d": ProcessGroupPyc10d, "gloo": ProcessGroupGloo,
+               "baby_gloo": ProcessGroupBabyGloo}[args.pg]
 
     store = torch.distributed.TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
     model = make_model()
@@ -71,7 +81,7 @@ def replica_main(args: argparse.Namespace) -> int:
         optimizer.load_state_dict(sd["optim"])
 
     manager = Manager(
-        pg=ProcessGroupPyc10d(timeout=timedelta(seconds=10)),
+        pg=make_pg(timeout=timedelta(seconds=PG_TIMEOUT_S)),
         min_replica_size=1,
         load_state_dict=load_state_dict,
         state_dict=state_dict,
@@ -81,7 +91,7 @@ def replica_main(args: argparse.Namespace) -> int:
         rank=0,
         world_size=1,
         lighthouse_addr=args.lighthouse,
-        timeout=timedelta(seconds=10),
+        timeout=timedelta(seconds=PG_TIMEOUT_S),
         quorum_timeout=timedelta(seconds=30),
     )
     ddp = DistributedDataParallel(manager, model)
@@ -111,7 +121,7 @@ def replica_main(args: argparse.Namespace) -> int:
 
 def start(replica: int, lighthouse: str, args: argparse.Namespace, out: Path) -> subprocess.Popen:
     cmd = [sys.executable, os.path.abspath(__file__), "--replica", str(replica), "--lighthouse",
-           lighthouse, "--step-sleep", str(args.step_sleep), "--out", str(out),
+           lighthouse, "--step-sleep", str(args.step_sleep), "--out", str(out), "--pg", args.pg,
            "--stop-file", str(out.parent / "stop_at")]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
@@ -150,9 +160,19 @@ def main(args: argparse.Namespace) -> int:
         if read_until(r1, lambda r: r["participants"] == 2 and r["step"] >= args.kill_at, steps1) is None:
             raise SystemExit("replica 1 ended before the kill")
         killed_at = time.time()
-        r1.send_signal(signal.SIGKILL)
-        r1.wait()
-        print(f"killed replica 1 (SIGKILL) after step {steps1[-1]['step']}")
+        if args.fault == "kill":
+            r1.send_signal(signal.SIGKILL)
+            r1.wait()
+            print(f"killed replica 1 (SIGKILL) after step {steps1[-1]['step']}")
+        else:  # hung: its sockets stay open; killed once replica 0 has gone on alone
+            r1.send_signal(signal.SIGSTOP)
+            print(f"stopped replica 1 (SIGSTOP) after step {steps1[-1]['step']}")
+            while not any(r["t"] > killed_at and r["participants"] == 1 and r["committed"] for r in steps0):
+                if r0.poll() is not None:
+                    raise SystemExit("replica 0 ended while replica 1 hung")
+                time.sleep(0.05)
+            r1.kill()
+            r1.wait()
         r1 = start(1, lighthouse.address(), args, paths[1])
         steps1 = []  # the restarted replica's steps
         if read_until(r1, lambda r: r["committed"] and r["participants"] == 2, steps1) is None:
@@ -174,7 +194,7 @@ def main(args: argparse.Namespace) -> int:
     alone = [r for r in steps0 if r["t"] > killed_at and r["participants"] == 1 and r["committed"]]
     good = alone[0]
     healed = next(r for r in steps1 if r["committed"])  # its first step, after healing
-    print(f"replica 0: next committed step {good['step']} {good['t'] - killed_at:.2f} s after the kill; "
+    print(f"replica 0: next committed step {good['step']} {good['t'] - killed_at:.2f} s after the {args.fault}; "
           f"{len(alone)} steps trained alone; replica 1 back (healed) at step {healed['step']}")
     a, b = (torch.load(p) for p in paths)
     if a["step"] != b["step"]:
@@ -192,6 +212,10 @@ if __name__ == "__main__":
     ap.add_argument("--kill-at", type=int, default=5, help="kill replica 1 after this step")
     ap.add_argument("--step-sleep", type=float, default=0.02, help="pause between steps (s)")
     ap.add_argument("--out-dir", default="fault_tolerant_out", help="where the final states go")
+    ap.add_argument("--fault", choices=["kill", "stop"], default="kill",
+                    help="SIGKILL replica 1 (default) or SIGSTOP it (hung)")
+    ap.add_argument("--pg", choices=["pyc10d", "gloo", "baby_gloo"], default="pyc10d",
+                    help="process group: pyc10d's, or torchft's Gloo classes for comparison")
     ap.add_argument("--replica", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--lighthouse", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
