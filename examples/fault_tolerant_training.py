@@ -12,9 +12,11 @@ script checks that both end with the same parameters, bit for bit. Run with:
 
     python examples/fault_tolerant_training.py --steps 40
 
-It prints the time from the kill to replica 0's next committed step (its first without replica
-1). ``--fault stop`` SIGSTOPs replica 1 instead (a hung replica: nothing closes; it is killed
-and restarted once replica 0 has gone on without it). ``--pg gloo`` / ``--pg baby_gloo`` run
+The signal lands inside a gradient all-reduce (replica 1 sends it to itself 0-2 ms after it
+enters one, at ``--kill-at``), so replica 0 is waiting on the dead replica in the collective.
+It prints the time from the signal to replica 0's next committed step (its first without
+replica 1). ``--fault stop`` SIGSTOPs replica 1 instead (a hung replica: nothing closes; the
+script kills and restarts it once replica 0 has gone on without it). ``--pg gloo`` / ``--pg baby_gloo`` run
 torchft's own ``ProcessGroupGloo`` / ``ProcessGroupBabyGloo`` instead, for comparison
 (``python -m pyc10d.bench.torchft_recovery`` does that many times). ``--replica N`` runs one
 replica (the script starts its replicas that way); needs ``pip install torchft-nightly``.
@@ -94,6 +96,8 @@ def replica_main(args: argparse.Namespace) -> int:
         timeout=timedelta(seconds=PG_TIMEOUT_S),
         quorum_timeout=timedelta(seconds=30),
     )
+    if args.fail_at is not None:
+        fail_inside_allreduce(manager, args)
     ddp = DistributedDataParallel(manager, model)
     opt = OptimizerWrapper(manager, optimizer)
     loss_fn = nn.CrossEntropyLoss()
@@ -119,10 +123,36 @@ def replica_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def start(replica: int, lighthouse: str, args: argparse.Namespace, out: Path) -> subprocess.Popen:
+def fail_inside_allreduce(manager: Any, args: argparse.Namespace) -> None:
+    """Make this replica signal itself (``args.fault``) 0-2 ms after it enters an all-reduce
+    of its process group, at step ``args.fail_at`` or later once it trains with its peer, and
+    print when: its peer is then inside the same collective, waiting on it."""
+    import random
+    import threading
+
+    pg = manager._pg
+    allreduce = pg.allreduce
+    sig = signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP
+
+    def failing_allreduce(tensors: Any, opts: Any) -> Any:
+        if manager.current_step() >= args.fail_at and manager.num_participants() == 2:
+            at = time.time() + random.uniform(0.0, 0.002)
+            print(json.dumps({"replica": args.replica, "signal_at": at, "step": manager.current_step()}),
+                  flush=True)
+            threading.Timer(max(at - time.time(), 0.0), os.kill, (os.getpid(), sig)).start()
+            pg.allreduce = allreduce
+        return allreduce(tensors, opts)
+
+    pg.allreduce = failing_allreduce
+
+
+def start(replica: int, lighthouse: str, args: argparse.Namespace, out: Path,
+          fail_at: int | None = None) -> subprocess.Popen:
     cmd = [sys.executable, os.path.abspath(__file__), "--replica", str(replica), "--lighthouse",
            lighthouse, "--step-sleep", str(args.step_sleep), "--out", str(out), "--pg", args.pg,
-           "--stop-file", str(out.parent / "stop_at")]
+           "--stop-file", str(out.parent / "stop_at"), "--fault", args.fault]
+    if fail_at is not None:
+        cmd += ["--fail-at", str(fail_at)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
@@ -152,24 +182,24 @@ def main(args: argparse.Namespace) -> int:
     steps0: list[dict[str, Any]] = []
     steps1: list[dict[str, Any]] = []
     r0 = start(0, lighthouse.address(), args, paths[0])
-    r1 = start(1, lighthouse.address(), args, paths[1])
+    r1 = start(1, lighthouse.address(), args, paths[1], fail_at=args.kill_at)
     reader = threading.Thread(target=read_until, args=(r0, lambda r: False, steps0), daemon=True)
     reader.start()
     try:
-        # Kill replica 1 once both have trained together for a few steps.
-        if read_until(r1, lambda r: r["participants"] == 2 and r["step"] >= args.kill_at, steps1) is None:
-            raise SystemExit("replica 1 ended before the kill")
-        killed_at = time.time()
+        # Replica 1 signals itself inside an all-reduce once both have trained a few steps.
+        signalled = read_until(r1, lambda r: "signal_at" in r, steps1)
+        if signalled is None:
+            raise SystemExit("replica 1 ended before its fault")
+        killed_at = signalled["signal_at"]
         if args.fault == "kill":
-            r1.send_signal(signal.SIGKILL)
             r1.wait()
-            print(f"killed replica 1 (SIGKILL) after step {steps1[-1]['step']}")
+            print(f"killed replica 1 (SIGKILL) in an all-reduce of step {signalled['step']}")
         else:  # hung: its sockets stay open; killed once replica 0 has gone on alone
-            r1.send_signal(signal.SIGSTOP)
-            print(f"stopped replica 1 (SIGSTOP) after step {steps1[-1]['step']}")
+            print(f"stopped replica 1 (SIGSTOP) in an all-reduce of step {signalled['step']}")
+            deadline = time.time() + 120
             while not any(r["t"] > killed_at and r["participants"] == 1 and r["committed"] for r in steps0):
-                if r0.poll() is not None:
-                    raise SystemExit("replica 0 ended while replica 1 hung")
+                if r0.poll() is not None or time.time() > deadline:
+                    raise SystemExit("replica 0 did not go on while replica 1 hung")
                 time.sleep(0.05)
             r1.kill()
             r1.wait()
@@ -209,7 +239,7 @@ def main(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=40, help="train at least this many steps")
-    ap.add_argument("--kill-at", type=int, default=5, help="kill replica 1 after this step")
+    ap.add_argument("--kill-at", type=int, default=5, help="replica 1's fault comes at this step")
     ap.add_argument("--step-sleep", type=float, default=0.02, help="pause between steps (s)")
     ap.add_argument("--out-dir", default="fault_tolerant_out", help="where the final states go")
     ap.add_argument("--fault", choices=["kill", "stop"], default="kill",
@@ -217,6 +247,7 @@ if __name__ == "__main__":
     ap.add_argument("--pg", choices=["pyc10d", "gloo", "baby_gloo"], default="pyc10d",
                     help="process group: pyc10d's, or torchft's Gloo classes for comparison")
     ap.add_argument("--replica", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--fail-at", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--lighthouse", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--stop-file", help=argparse.SUPPRESS)
