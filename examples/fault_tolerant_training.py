@@ -12,8 +12,9 @@ script checks that both end with the same parameters, bit for bit. Run with:
 
     python examples/fault_tolerant_training.py --steps 40
 
-The signal lands inside a gradient all-reduce (replica 1 sends it to itself 0-2 ms after it
-enters one, at ``--kill-at``), so replica 0 is waiting on the dead replica in the collective.
+The signal lands inside a gradient all-reduce: at step ``--kill-at`` replica 1 sends it to
+itself as it enters one, before it posts anything, so replica 0 is left waiting on it in the
+collective.
 It prints the time from the signal to replica 0's next committed step (its first without
 replica 1). ``--fault stop`` SIGSTOPs replica 1 instead (a hung replica: nothing closes; the
 script kills and restarts it once replica 0 has gone on without it). ``--pg gloo`` / ``--pg baby_gloo`` run
@@ -124,23 +125,19 @@ def replica_main(args: argparse.Namespace) -> int:
 
 
 def fail_inside_allreduce(manager: Any, args: argparse.Namespace) -> None:
-    """Make this replica signal itself (``args.fault``) 0-2 ms after it enters an all-reduce
-    of its process group, at step ``args.fail_at`` or later once it trains with its peer, and
-    print when: its peer is then inside the same collective, waiting on it."""
-    import random
-    import threading
-
+    """Make this replica signal itself (``args.fault``) as it enters an all-reduce of its
+    process group, at step ``args.fail_at`` or later once it trains with its peer, and print
+    when: its peer enters the same collective and waits on it."""
     pg = manager._pg
     allreduce = pg.allreduce
     sig = signal.SIGKILL if args.fault == "kill" else signal.SIGSTOP
 
     def failing_allreduce(tensors: Any, opts: Any) -> Any:
         if manager.current_step() >= args.fail_at and manager.num_participants() == 2:
-            at = time.time() + random.uniform(0.0, 0.002)
-            print(json.dumps({"replica": args.replica, "signal_at": at, "step": manager.current_step()}),
-                  flush=True)
-            threading.Timer(max(at - time.time(), 0.0), os.kill, (os.getpid(), sig)).start()
+            print(json.dumps({"replica": args.replica, "signal_at": time.time(),
+                              "step": manager.current_step()}), flush=True)
             pg.allreduce = allreduce
+            os.kill(os.getpid(), sig)
         return allreduce(tensors, opts)
 
     pg.allreduce = failing_allreduce
