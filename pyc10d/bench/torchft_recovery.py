@@ -1,8 +1,9 @@
 """Recovery under torchft: from a replica's death to the survivor's next good step.
 
 ``python -m pyc10d.bench.torchft_recovery`` runs ``examples/fault_tolerant_training.py``
-(two replica groups under torchft's Manager and a Lighthouse; replica 1 SIGKILLed or
-SIGSTOPped mid-run, restarted, healed from replica 0, equal parameters checked at the end)
+(two replica groups under torchft's Manager and a Lighthouse; replica 1 SIGKILLs or
+SIGSTOPs itself as it enters a gradient all-reduce, so replica 0 waits on it inside the
+collective; it is restarted, heals from replica 0, equal parameters checked at the end)
 ``--trials`` times for each process group: pyc10d's ``ProcessGroupPyc10d`` and torchft's
 ``ProcessGroupGloo`` and ``ProcessGroupBabyGloo``, trials interleaved. Each trial gives the
 seconds from the signal to replica 0's first committed step without replica 1; the table
