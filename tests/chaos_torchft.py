@@ -2,7 +2,8 @@
 
 ``python tests/chaos_torchft.py --failures 200`` (``make chaos-torchft``) runs the long
 version and prints a summary; ``tests/test_chaos_torchft.py`` runs a few failures inside
-``make test``. One run:
+``make test``, in a fresh interpreter: the replicas are forked from the driver, which must not
+carry another test's threads (torchft's Rust runtimes among them) into them. One run:
 
 * a Lighthouse (``torchft_lighthouse``, 1 s heartbeat timeout) and ``--replicas`` (3) replica
   groups of one rank each, forked from this process, each training a small model with
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -254,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicas", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--deadline", type=float, default=10.0)
+    ap.add_argument("--json", help="write the verdict here")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     v = chaos(args.failures, args.replicas, args.seed, args.deadline)
@@ -265,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
               f"p90 {rec[int(len(rec) * 0.9)]:.2f} s, max {rec[-1]:.2f} s")
     for p in v["problems"]:
         print("PROBLEM:", p)
+    if args.json:
+        Path(args.json).write_text(json.dumps(v))
     return 0 if v["ok"] else 1
 
 

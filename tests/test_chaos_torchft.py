@@ -1,20 +1,36 @@
 """A short run of the torchft chaos (tests/chaos_torchft.py; ``make chaos-torchft`` runs 200
 failures): three replica groups under torchft's Manager on ProcessGroupPyc10d, one SIGKILLed
-and restarted at a time while the others train on; no hang, no wrong result, no leak."""
+and restarted at a time while the others train on; no hang, no wrong result, no leak.
+
+The driver runs in a fresh interpreter: it forks the replicas, and a pytest worker that ran
+other tests would hand them its threads' state."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torchft", reason="torchft-nightly (the test extra) is not installed")
 
-from chaos_torchft import chaos  # noqa: E402
-
 pytestmark = [pytest.mark.timeout(58), pytest.mark.interpreters]
 
+ROOT = Path(__file__).resolve().parents[1]
 
-def test_replicas_killed_in_turn_are_survived_and_healed() -> None:
-    verdict = chaos(failures=3, seed=7)
+
+def test_replicas_killed_in_turn_are_survived_and_healed(tmp_path: Path) -> None:
+    out = tmp_path / "verdict.json"
+    cmd = [sys.executable, str(ROOT / "tests" / "chaos_torchft.py"), "--failures", "3", "--seed", "7",
+           "--json", str(out)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=55, check=False)
+    assert out.exists(), proc.stdout[-2000:] + proc.stderr[-3000:]
+    verdict = json.loads(out.read_text())
     assert verdict["ok"], "\n".join(verdict["problems"])
     assert verdict["failures"] == 3
     assert max(verdict["recovery_s"]) < 10
+    assert proc.returncode == 0

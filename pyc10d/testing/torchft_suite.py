@@ -13,7 +13,8 @@ bodies and helpers as torchft wrote them; only the process group differs:
 * ``torchft.manager_integ_test``: ``ManagerIntegTest`` (replica groups as threads, a real
   Lighthouse, torchft's ``Manager`` and DDP) is subclassed and, for the duration of each test,
   the module's ``ProcessGroupGloo`` (the only group its CPU train loops build) is the group
-  under test.
+  under test, and its ``Manager`` listens on a port of the system's choosing instead of the
+  fixed 19530 + replica (``_any_port_manager`` says why).
 
 ``python -m pyc10d.testing.torchft_suite`` (``make test-torchft``) runs the selection three
 times for pyc10d and for torchft's ``ProcessGroupGloo`` and ``ProcessGroupBabyGloo``, each run
@@ -38,6 +39,7 @@ from unittest import mock
 from parameterized import parameterized
 from torchft import manager_integ_test as _mit
 from torchft import process_group_test as _pgt
+from torchft.manager import Manager as _Manager
 from torchft.process_group import ProcessGroup, ProcessGroupBabyGloo, ProcessGroupGloo
 
 from ..integrations.torchft import ProcessGroupPyc10d
@@ -85,6 +87,17 @@ def multi_pg_case(group: str, collectives: list[str] | None = None) -> type[unit
     return Case
 
 
+def _any_port_manager(*args: Any, **kwargs: Any) -> Any:
+    """torchft's ``Manager`` on a port of the system's choosing. Its tests bind replica
+    ``i``'s manager server to port 19530 + i, and the server a failed replica (or the previous
+    test) shut down with ``wait=False`` may still hold it when the restarted one binds:
+    "Address already in use" in the restarted replica, and its peer waits out its Lighthouse
+    quorum timeout. Seen under load with pyc10d; the port is only where the server listens
+    (its address goes to the replica's store), so nothing the tests check depends on it."""
+    kwargs["port"] = 0
+    return _Manager(*args, **kwargs)
+
+
 def manager_case(group: str) -> type[unittest.TestCase]:
     """torchft's ``ManagerIntegTest`` with ``group``'s class in place of ProcessGroupGloo.
 
@@ -102,9 +115,10 @@ def manager_case(group: str) -> type[unittest.TestCase]:
                 built.append(cls(*args, **kwargs))
                 return built[-1]
 
-            patcher = mock.patch.object(_mit, "ProcessGroupGloo", make)
-            patcher.start()
-            self.addCleanup(patcher.stop)
+            for name, value in (("ProcessGroupGloo", make), ("Manager", _any_port_manager)):
+                patcher = mock.patch.object(_mit, name, value)
+                patcher.start()
+                self.addCleanup(patcher.stop)
             self.addCleanup(self._check_built, built)
 
         def skipTest(self, reason: Any) -> None:  # noqa: N802 - unittest's name

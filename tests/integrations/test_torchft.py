@@ -2,8 +2,8 @@
 
 The multi-PG cases for every collective, with and without a rank that shuts its group down,
 and torchft's Manager integration tests (``pyc10d.testing.torchft_suite`` says how they are
-run unchanged). About 15 s on one worker. The Manager tests bind fixed ports (19530 + replica),
-so every torchft test of the suite runs on one xdist worker (``xdist_group``).
+run unchanged). About 10-20 s, on one xdist worker (``xdist_group``): the multi-PG cases share
+one set of groups made once per class.
 ``make test-torchft`` runs the same selection three times beside torchft's Gloo classes.
 """
 
