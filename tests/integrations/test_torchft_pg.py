@@ -66,7 +66,8 @@ def _failing(fn: Callable[[], Any]) -> tuple[float, BaseException]:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_abort_from_another_thread_releases_a_blocked_collective(backend: str) -> None:
     """Rank 1 never joins; rank 0's all_reduce (60 s timeout) is released by an abort from a
-    watchdog thread within a second, and ``errored`` then answers an "aborted" error."""
+    watchdog thread at once (0.3 s; under 3 s on a loaded machine), and ``errored`` then
+    answers an "aborted" error."""
     joined = threading.Event()
 
     def body(rank: int, pg: ProcessGroupPyc10d) -> Any:
@@ -80,7 +81,7 @@ def test_abort_from_another_thread_releases_a_blocked_collective(backend: str) -
         return took, error, pg.errored()
 
     (took, error, errored), _ = _on_ranks(2, body, backend, timeout_s=60)
-    assert took < 1.3, f"abort released the collective after {took:.2f} s"
+    assert took < 3.0, f"abort released the collective after {took:.2f} s (group timeout 60 s)"
     assert "aborted" in str(error)
     assert isinstance(errored, RuntimeError) and "aborted" in str(errored)
 
