@@ -373,3 +373,33 @@ def test_overhead_bench_checks_every_timed_all_reduce(tmp_path: Path, sabotage: 
     (row,) = [r for r in rows if "profiler_reads_per_call" not in r]
     assert row["bytes"] == 8 and row["pairs"] == 1 and row["on_us"] > 0
     assert row["correct"] is (not sabotage)
+
+
+def test_spread_across_jobs_keeps_every_job_and_any_failure() -> None:
+    from pyc10d.bench import jobs
+
+    def rec(job: int, t: float, ok: bool = True) -> dict:
+        return {"kind": "collective", "backend": "b", "op": "all_reduce", "world_size": 2,
+                "bytes": 8, "time_us": t, "correct": ok, "job": job}
+
+    (row,) = jobs.spread([rec(1, 7.0), rec(2, 3.0), rec(3, 5.0, ok=False), {"kind": "memcpy"}])
+    assert row["times_us"] == [3.0, 5.0, 7.0] and row["jobs"] == 3
+    assert (row["fastest_us"], row["median_us"], row["slowest_us"]) == (3.0, 5.0, 7.0)
+    assert row["ratio"] == pytest.approx(7.0 / 3.0)
+    assert row["correct"] is False
+    assert "WRONG" in jobs.table([row]) and "2.33x" in jobs.table([row])
+
+
+@pytest.mark.timeout(50)
+def test_jobs_mode_runs_fresh_jobs_and_reports_their_spread(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "pyc10d.bench", "--jobs", "3", "--backends", "pyc10d-threaded",
+           "--ops", "all_reduce", "--world-sizes", "2", "--min-bytes", "64", "--max-bytes", "64",
+           "--extra-sizes", "64", "--iters", "3", "--out", str(tmp_path), "--name", "jobs", "--timeout", "15"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=45)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = json.loads((tmp_path / "jobs.json").read_text())
+    runs = [r for r in records if r.get("kind") == "collective"]
+    assert sorted(r["job"] for r in runs) == [1, 2, 3] and all(r["correct"] for r in runs)
+    (row,) = [r for r in records if r.get("kind") == "spread"]
+    assert row["times_us"] == sorted(r["time_us"] for r in runs)
+    assert "(job 3/3)" in proc.stdout and "slowest/fastest" in proc.stdout

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pyc10d.bench import metrics, report, timing
+from pyc10d.bench import jobs, metrics, report, timing
 from pyc10d.bench.launch import free_port
 from pyc10d.bench.worker import in_threads
 from pyc10d.transport.cpus import usable_cpus
@@ -159,6 +159,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2,
                    help="run every job this many times, interleaved, and keep each figure's "
                    "fastest round (default 2)")
+    p.add_argument("--jobs", type=int, default=0, metavar="N",
+                   help="run every backend and world size as N fresh jobs (interleaved) and "
+                   "report the spread across jobs: fastest, median, slowest (instead of the "
+                   "best of --rounds); use with one or two sizes, e.g. --min-bytes 16M "
+                   "--max-bytes 64M")
     p.add_argument("--timeout", type=float, default=900, help="seconds per job (default 900)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--name", help="file name stem (default bench-<date>-<time>)")
@@ -183,6 +188,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.dtype == "bfloat16" and max(args.world_sizes) > metrics.BFLOAT16_MAX_WORLD:
         p.error(f"--dtype bfloat16: world sizes up to {metrics.BFLOAT16_MAX_WORLD} (above, the checked "
                 "values, up to n * n, are not exact in bfloat16)")
+    if args.jobs < 0 or (args.jobs and args.from_json):
+        p.error("--jobs: a positive count of fresh jobs (and not with --from-json)")
     args.ops = [metrics.ALIASES.get(op, op) for op in args.ops]
     bad = [op for op in args.ops if op not in metrics.BUS_FACTOR]
     if bad:
@@ -228,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     records.append(mem)
     failed = False
     rounds: list[dict[str, Any]] = []
+    if args.jobs:
+        return _jobs_main(args, sizes, records)
     with tempfile.TemporaryDirectory(prefix="pyc10d-bench-") as tmp:
         # World size outermost and every backend once per round: the jobs compared in one
         # table run minutes apart at most, and a burst of load on a shared host hits one
@@ -260,6 +269,26 @@ def main(argv: list[str] | None = None) -> int:
         if path.name != f"latest{path.suffix}":
             shutil.copyfile(path, path.with_name(f"latest{path.suffix}"))
     print("\nwrote " + ", ".join(map(str, outputs)) + " (and latest.* copies)")
+    return 1 if failed else 0
+
+
+def _jobs_main(args: argparse.Namespace, sizes: list[int], records: list[dict[str, Any]]) -> int:
+    """``--jobs N``: every job's figure kept, the spread across jobs printed and plotted."""
+    with tempfile.TemporaryDirectory(prefix="pyc10d-bench-") as tmp:
+        def one_job(backend: str, ws: int) -> tuple[list[dict[str, Any]], str | None]:
+            return run_job(backend, ws, args.ops, sizes, args.iters, args.timeout, Path(tmp),
+                           args.mode, args.dtype)
+
+        recs, failed = jobs.run(one_job, args.jobs, args.backends, args.world_sizes)
+    rows = jobs.spread(recs)
+    print("\n" + jobs.table(rows))
+    failed = failed or not all(r["correct"] for r in rows)
+    stem = args.out / (args.name or f"jobs-{records[0]['time']}")
+    report.write_json([*records, *recs, *({"kind": "spread", **r} for r in rows)], stem.with_suffix(".json"))
+    wrote = [stem.with_suffix(".json")]
+    if jobs.plot(rows, stem.with_suffix(".png")):
+        wrote.append(stem.with_suffix(".png"))
+    print("\nwrote " + ", ".join(map(str, wrote)))
     return 1 if failed else 0
 
 
