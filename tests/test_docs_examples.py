@@ -27,6 +27,26 @@ from pyc10d import run_fork
 
 #: (file, sha256[:12] of the block) -> a line the run prints (None: a block that is not run).
 PINNED: dict[tuple[str, str], str | None] = {
+    # README: the one-line switch, torch's API on 2 ranks with no pyc10d import
+    ("README.md", "ce78b736bc29"): "all_reduce on pyc10d",
+    # README: the native API tour on 4 ranks (tcp, env://)
+    ("README.md", "ff152184fad5"): "mean grad 1.5 gathered [0.0, 1.0, 2.0, 3.0]",
+    # api: functional collectives on a 2 x 2 DeviceMesh, results asserted in the block
+    ("docs/api.md", "cd8ec6a1ee29"): "functional collectives on a 2 x 2 mesh: ok",
+    # api: DDP's two imports resolve (exit 0 is the check)
+    ("docs/api.md", "ace49efa03a4"): "",
+    # coming from torch: init_process_group("pyc10d") with torch's API only
+    ("docs/coming-from-torch.md", "63bfc4a2196b"): "rank 0 on pyc10d",
+    # coming from torch: torch.distributed.checkpoint save and load on the plugin
+    ("docs/coming-from-torch.md", "777f62b1cfb8"): "checkpoint saved and restored on pyc10d",
+    # failures: profiler ranges of a collective
+    ("docs/failures.md", "eb5adfd8a053"): "'pyc10d:allreduce'",
+    # getting started: hello on 2 ranks, backend auto
+    ("docs/getting-started.md", "09aa04bf54cd"): "sum 3.0 from",
+    # testing: spawn_threads_and_init_comms, 4 rank-threads in a unittest
+    ("docs/testing.md", "84ddccf2f4fa"): "Ran 1 test",
+    # testing: the fake backend, rank 3 of 64 alone
+    ("docs/testing.md", "0799e414662f"): "rank 3 of 64",
 }
 
 BLOCKS = all_blocks()
