@@ -17,7 +17,8 @@
 #               400 of torch's DDP / FSDP2 training on the plugin (pyc10d_shm, pyc10d_tcp)
 #   make torch-suite  torch's own backend suite (torch.testing's distributed_test) on
 #               pyc10d_shm / pyc10d_tcp (world size 2) and pyc10d_shm (4) beside Gloo, then the
-#               tests torch gates on the name gloo against pyc10d; prints the README's table
+#               tests torch gates on the name gloo against pyc10d; prints the table that
+#               docs/coming-from-torch.md shows
 #               (minutes; results in benchmarks/results/torch_suite; a slice runs in make test)
 #   make lint   ruff
 

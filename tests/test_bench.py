@@ -268,6 +268,32 @@ def test_readme_tables_come_from_the_reference_file(tmp_path: Path) -> None:
     assert "| 5.0 | 4.00x (wrong!) |" in text, text
 
 
+def test_readme_headline_comes_from_the_reference_file(tmp_path: Path) -> None:
+    from pyc10d.bench import readme
+
+    def rec(backend: str, ws: int, size: int, t: float, ok: bool = True) -> dict:
+        return {"kind": "collective", "backend": backend, "op": "all_reduce", "world_size": ws,
+                "bytes": size, "time_us": t, "correct": ok}
+
+    records = [{"kind": "meta", "time": "T", "cpus": 2},
+               rec("pyc10d-shm", 2, 8, 20.0), rec("pyc10d-tcp", 2, 8, 300.0), rec("gloo", 2, 8, 700.0),
+               rec("mpi", 2, 8, 2.5, ok=False), rec("pyc10d-shm", 2, 100, 1.0),  # not a headline size
+               rec("pyc10d-shm", 4, 64 * metrics.MIB, 5000.0), rec("gloo", 4, 64 * metrics.MIB, 9000.0),
+               {**rec("pyc10d-shm", 2, 8, 1.0), "op": "broadcast"}]
+    text = readme.headline(records, "ref.json")
+    lines = text.splitlines()
+    assert lines[0] == "| all_reduce | ranks | pyc10d shm µs | pyc10d tcp µs | Gloo µs | Open MPI µs |", text
+    assert lines[2:4] == ["| 8B | 2 | 20.0 | 300 | 700 | 2.5 (wrong!) |", "| 64MiB | 4 | 5 000 | - | 9 000 | - |"]
+    assert "`ref.json` (T, 2 CPUs" in text and len(lines) == 6
+    doc = tmp_path / "README.md"
+    doc.write_text(f"a\n{readme.HEADLINE_BEGIN}\nold\n{readme.HEADLINE_END}\nb\n{readme.BEGIN}\nkept\n{readme.END}\n")
+    ref = tmp_path / "ref.json"
+    ref.write_text(json.dumps(records))
+    assert readme.main([str(ref), "--headline", str(doc)]) == 0
+    body = doc.read_text()
+    assert "old" not in body and "| 8B | 2 | 20.0 |" in body and "kept" in body and body.startswith("a\n")
+
+
 @pytest.mark.timeout(60)
 def test_percall_bench_runs(tmp_path) -> None:
     from pyc10d.bench import percall
