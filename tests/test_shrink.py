@@ -174,3 +174,38 @@ def test_flags_are_torchs() -> None:
 
     assert (SHRINK_DEFAULT, SHRINK_ABORT) == (c10d.SHRINK_DEFAULT, c10d.SHRINK_ABORT)
     assert dist.shrink_group.__name__ == "shrink_group"
+
+
+def _leave_or_die(rank: int, ws: int, backend: str, store_path: str, hosts: list[int] | None) -> Any:
+    """Rank 2 goes (threads: it returns; processes: SIGKILL), the others shrink the world."""
+    if hosts is not None:  # ranks told they are on different hosts: ``auto`` builds ``hier``
+        from pyc10d.backends import shm
+
+        shm.host_identity = lambda: f"h{hosts[rank]}/boot/0"
+    dist.init_process_group(backend, store=dist.FileStore(store_path, ws), rank=rank, world_size=ws,
+                            timeout=timedelta(seconds=20))
+    engine = dist.get_backend()
+    if backend == "threaded":
+        t = torch.ones(2)
+        dist.all_reduce(t)
+        if rank == 2:
+            return None  # (the harness then destroys its world)
+    else:
+        _die_then_fail(rank, 2)
+    world, took = _timed_shrink([2], shrink_flags=SHRINK_ABORT)
+    t = torch.full((3,), float(rank + 1))
+    dist.all_reduce(t)
+    out = (engine, type(world._get_backend()).__name__, t.tolist(), dist.get_rank(), took)
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("backend,hosts", [("threaded", None), ("auto", [0, 0, 1, 1])], ids=["threaded", "hier"])
+def test_every_backend_shrinks(tmp_path, backend: str, hosts: list[int] | None) -> None:  # noqa: ANN001
+    res = run_ranks(backend, 4, _leave_or_die, backend, str(tmp_path / "store"), hosts, init=False,
+                    may_exit=(2,), timeout=35)
+    engine, kind = ("threaded", "ThreadedBackend") if backend == "threaded" else ("hier", "HierBackend")
+    for rank, new in ((0, 0), (1, 1), (3, 2)):
+        assert res[rank][:4] == (engine, kind, [7.0] * 3, new), res[rank]
+        assert res[rank][4] < SHRINK_BOUND_S, res[rank]
