@@ -81,8 +81,11 @@ def run_job(backend: str, world_size: int, ops: list[str], sizes: list[int], ite
     if dtype != "float32":  # (the MPI worker, float32 only, is never asked for another)
         job += ["--dtype", dtype]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    if backend == "mpi":  # the C reference, under Open MPI's own launcher
-        cmd = [mpirun(), "--oversubscribe", "-np", str(world_size), sys.executable, "-m",
+    if backend in report.C_PEERS:  # the C reference, under Open MPI's own launcher
+        # mpi-tcp: the same ranks forced onto Open MPI's TCP transport (no shared memory), the
+        # reference for pyc10d's tcp rows: the same transport in C.
+        mca = ["--mca", "btl", "tcp,self", "--mca", "pml", "ob1"] if backend == "mpi-tcp" else []
+        cmd = [mpirun(), "--oversubscribe", *mca, "-np", str(world_size), sys.executable, "-m",
                "pyc10d.bench.mpi_worker", *job]
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     elif in_threads(backend):  # one process, its ranks are threads
@@ -135,7 +138,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "default pyc10d-shm,pyc10d-tcp,pyc10d-threaded,gloo")
     p.add_argument("--peer", type=csv, default=[], metavar="mpi",
                    help="also run the C reference: 'mpi' (Open MPI through mpi4py, launched by "
-                   "its mpirun; pyc10d / MPI time ratios are printed beside the Gloo ones)")
+                   "its mpirun; pyc10d / MPI time ratios are printed beside the Gloo ones); "
+                   "with a pyc10d tcp or hier backend it runs twice, the second time forced "
+                   "onto TCP ('mpi-tcp': --mca btl tcp,self --mca pml ob1), the reference of "
+                   "those rows")
     p.add_argument("--ops", type=csv, default=metrics.DEFAULT_OPS,
                    help=f"some of {','.join(metrics.OPS)}; default all but reduce")
     p.add_argument("--world-sizes", type=lambda s: [int(x) for x in csv(s)], default=[2, 4])
@@ -170,9 +176,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--from-json", type=Path, metavar="FILE",
                    help="only re-print the tables and re-draw the plot of a saved run")
     args = p.parse_args(argv)
-    args.backends += [b for b in args.peer if b not in args.backends]
     if any(b != "mpi" for b in args.peer):
         p.error("--peer: only 'mpi' is known")
+    if args.peer and any(b in report.OVER_TCP for b in args.backends):
+        args.peer = [*args.peer, "mpi-tcp"]
+    args.backends += [b for b in args.peer if b not in args.backends]
     cpus = usable_cpus()
     over = [w for w in args.world_sizes if w > cpus] if args.mode == "spaced" else []
     if over:  # the gap is busy work on every rank: ranks sharing a core would time each other's
