@@ -3,8 +3,6 @@ without it (no store, no rendezvous) and all-reduce on the shrunk group, renumbe
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from datetime import timedelta
 from typing import Any
@@ -12,34 +10,13 @@ from typing import Any
 import pytest
 import torch
 from _multirank import exited, run_ranks
+from _shrink_common import SHRINK_BOUND_S, die_then_fail, store_host_dies_then_shrink, timed_shrink
 
 import pyc10d as dist
 from pyc10d.distributed_c10d import SHRINK_ABORT, SHRINK_DEFAULT
 from pyc10d.testing import find_free_port
 
 BACKENDS = ["shm", "tcp"]
-SHRINK_BOUND_S = 2.0  # the issue's bound on one shrink
-
-
-def _die_then_fail(rank: int, dead: int) -> str:
-    """Every rank all-reduces once; ``dead`` then SIGKILLs itself and the others' next
-    all_reduce fails (the world is broken): the error they got."""
-    t = torch.ones(4)
-    dist.all_reduce(t)
-    assert t.tolist() == [4.0] * 4
-    if rank == dead:
-        os.kill(os.getpid(), signal.SIGKILL)
-    try:
-        dist.all_reduce(torch.ones(4))
-    except RuntimeError as e:
-        return str(e)
-    raise AssertionError(f"rank {rank}: the all_reduce without rank {dead} did not fail")
-
-
-def _timed_shrink(*args: Any, **kwargs: Any) -> tuple[Any, float]:
-    t0 = time.monotonic()
-    pg = dist.shrink_group(*args, **kwargs)
-    return pg, time.monotonic() - t0
 
 
 def _shrink_sub_then_world(rank: int, ws: int) -> dict[str, Any]:
@@ -47,14 +24,14 @@ def _shrink_sub_then_world(rank: int, ws: int) -> dict[str, Any]:
     (SHRINK_ABORT); then every survivor shrinks the world (SHRINK_DEFAULT), which aborts the
     other groups and renumbers the world."""
     sub = dist.new_group([1, 2, 3])
-    out: dict[str, Any] = {"error": _die_then_fail(rank, 2)}
+    out: dict[str, Any] = {"error": die_then_fail(dist, rank, 2)}
     if rank in (1, 3):
-        small, out["sub_s"] = _timed_shrink([1], group=sub, shrink_flags=SHRINK_ABORT)
+        small, out["sub_s"] = timed_shrink(dist, [1], group=sub, shrink_flags=SHRINK_ABORT)
         t = torch.full((3,), float(rank))
         dist.all_reduce(t, group=small)
         out["sub"] = (t.tolist(), small.rank(), small.size(), dist.get_process_group_ranks(small),
                       small.group_desc, dist.get_rank())  # the world is not renumbered
-    world, out["world_s"] = _timed_shrink([2])
+    world, out["world_s"] = timed_shrink(dist, [2])
     t = torch.full((5,), float(rank + 1))
     dist.all_reduce(t)  # the default group: the shrunk world
     out["world"] = (t.tolist(), world is dist.group.WORLD, dist.get_rank(), dist.get_world_size(),
@@ -96,13 +73,7 @@ def test_survivors_shrink_a_subgroup_then_the_world(backend: str) -> None:
 def _shrink_with_store_host_dead(rank: int, ws: int, backend: str, port: int) -> dict[str, Any]:
     """Rank 0 hosts the TCPStore and dies: shrinking and what derives from the world need no
     store; a group of another backend (a rendezvous) fails naming the store."""
-    store = dist.TCPStore("127.0.0.1", port, ws, is_master=rank == 0, timeout=timedelta(seconds=5))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=ws, timeout=timedelta(seconds=20))
-    out: dict[str, Any] = {"error": _die_then_fail(rank, 0)}
-    world, out["shrink_s"] = _timed_shrink([0])
-    t = torch.full((3,), float(rank))
-    dist.all_reduce(t)
-    out["sum"] = (t.tolist(), dist.get_rank(), dist.get_world_size())
+    out = store_host_dies_then_shrink(dist, rank, ws, backend, port)
     pair = dist.new_group([0, 1])  # derived: no store
     if dist.get_rank() < 2:
         t = torch.ones(2)
@@ -191,8 +162,8 @@ def _leave_or_die(rank: int, ws: int, backend: str, store_path: str, hosts: list
         if rank == 2:
             return None  # (the harness then destroys its world)
     else:
-        _die_then_fail(rank, 2)
-    world, took = _timed_shrink([2], shrink_flags=SHRINK_ABORT)
+        die_then_fail(dist, rank, 2)
+    world, took = timed_shrink(dist, [2], shrink_flags=SHRINK_ABORT)
     t = torch.full((3,), float(rank + 1))
     dist.all_reduce(t)
     out = (engine, type(world._get_backend()).__name__, t.tolist(), dist.get_rank(), took)

@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import time
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -14,46 +11,27 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from _multirank import exited, run_ranks
+from _shrink_common import SHRINK_BOUND_S, die_then_fail, store_host_dies_then_shrink, timed_shrink
 
 import pyc10d.torch_backend  # noqa: F401 - registers the backends
 from pyc10d.testing import find_free_port
 from pyc10d.torch_backend import TorchProcessGroup
 
 BACKENDS = ["pyc10d_shm", "pyc10d_tcp"]
-SHRINK_BOUND_S = 2.0
-
-
-def _die_then_fail(rank: int, dead: int) -> str:
-    t = torch.ones(4)
-    dist.all_reduce(t)
-    assert t.tolist() == [4.0] * 4
-    if rank == dead:
-        os.kill(os.getpid(), signal.SIGKILL)
-    try:
-        dist.all_reduce(torch.ones(4))
-    except RuntimeError as e:
-        return str(e)
-    raise AssertionError(f"rank {rank}: the all_reduce without rank {dead} did not fail")
-
-
-def _timed_shrink(*args: Any, **kwargs: Any) -> tuple[Any, float]:
-    t0 = time.monotonic()
-    pg = dist.shrink_group(*args, **kwargs)
-    return pg, time.monotonic() - t0
 
 
 def _shrink_sub_then_world(rank: int, ws: int) -> dict[str, Any]:
     sub = dist.new_group([1, 2, 3])
-    out: dict[str, Any] = {"error": _die_then_fail(rank, 2)}
+    out: dict[str, Any] = {"error": die_then_fail(dist, rank, 2)}
     if rank in (1, 3):
-        small, out["sub_s"] = _timed_shrink([1], group=sub, shrink_flags=c10d.SHRINK_ABORT)
+        small, out["sub_s"] = timed_shrink(dist, [1], group=sub, shrink_flags=c10d.SHRINK_ABORT)
         t = torch.full((3,), float(rank))
         dist.all_reduce(t, group=small)
         # (Not ``get_process_group_ranks(small)``: torch 2.13 removes the excluded *group* ranks
         # from the parent's *global* ones there, [2, 3] here; the group itself is right.)
         out["sub"] = (t.tolist(), small.rank(), small.size(), small.group_desc,
                       isinstance(small, TorchProcessGroup))
-    world, out["world_s"] = _timed_shrink([2])
+    world, out["world_s"] = timed_shrink(dist, [2])
     t = torch.full((5,), float(rank + 1))
     dist.all_reduce(t)
     out["world"] = (t.tolist(), world is c10d._get_default_group(), dist.get_rank(), dist.get_world_size(),
@@ -83,13 +61,7 @@ def test_survivors_shrink_through_torch(backend: str) -> None:
 def _store_host_dies(rank: int, ws: int, backend: str, port: int) -> dict[str, Any]:
     """Rank 0 hosts torch's TCPStore and dies: the shrink needs no store (torch's own path
     would clone it); a new group, which rendezvouses, fails on the lost store."""
-    store = dist.TCPStore("127.0.0.1", port, ws, is_master=rank == 0, timeout=timedelta(seconds=5))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=ws, timeout=timedelta(seconds=20))
-    out: dict[str, Any] = {"error": _die_then_fail(rank, 0)}
-    _, out["shrink_s"] = _timed_shrink([0], shrink_flags=c10d.SHRINK_ABORT)
-    t = torch.full((3,), float(rank))
-    dist.all_reduce(t)
-    out["sum"] = (t.tolist(), dist.get_rank(), dist.get_world_size())
+    out = store_host_dies_then_shrink(dist, rank, ws, backend, port, shrink_flags=c10d.SHRINK_ABORT)
     t0 = time.monotonic()
     try:
         dist.new_group([0, 1, 2])  # (a member rendezvouses; a non-member asks nothing)
