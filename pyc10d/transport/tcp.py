@@ -24,7 +24,7 @@ import threading
 import time
 from datetime import timedelta
 
-from .. import auth
+from .. import auth, tls
 from ..errors import DistNetworkError, DistTimeoutError, with_message
 from ..store.base import Store, store_chain
 from .base import Mailbox, RecvHandle
@@ -259,6 +259,8 @@ class TCPTransport(FramedTransport):
         host, port, nonce = self._address(peer)
         sock = self._open(peer, host, int(port), deadline)
         try:
+            sock = tls.wrap_client(sock, f"tcp transport: rank {self.rank} connecting to rank {peer} at "
+                                         f"{host}:{port}", min(tls.HANDSHAKE_TIMEOUT_S, max(deadline - time.monotonic(), 0.1)))
             if self._secret is not None:
                 auth.authenticate(sock, self._secret, f"tcp transport: rank {self.rank} failed to "
                                                       f"authenticate with rank {peer} at {host}:{port}")
@@ -346,6 +348,9 @@ class TCPTransport(FramedTransport):
                     try:
                         self._connection(peer)
                         return
+                    except tls.CertificateRefused as e:  # definitive: fail the receives now
+                        self.mailbox.peer_lost(peer, e)
+                        return
                     except Exception:  # noqa: BLE001 - a loss fails the receive; see above
                         with self._cond:
                             if (self._socks[peer] is not None or self._closing or peer in self.mailbox.dead
@@ -410,9 +415,10 @@ class TCPTransport(FramedTransport):
         # system time per call in it.
         idle = select.poll()
         idle.register(sock, select.POLLIN)
+        buffered = getattr(sock, "pending", None)  # TLS: decrypted bytes that poll() cannot see
 
         def read(view: memoryview, payload: bool) -> None:
-            if not payload:
+            if not payload and not (buffered and buffered()):
                 idle.poll()
             _recv_exact(sock, view)
 
