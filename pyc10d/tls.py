@@ -216,9 +216,9 @@ class ServerHandshake:
         return True
 
 
-def server_handshake(sock: socket.socket) -> ServerHandshake | None:
-    """A ``ServerHandshake`` for a just-accepted ``sock``, or None when TLS is off."""
-    ctx = context(server_side=True)
+def server_handshake(sock: socket.socket, ctx: ssl.SSLContext | None) -> ServerHandshake | None:
+    """A ``ServerHandshake`` for a just-accepted ``sock`` under ``ctx`` (the server's
+    ``context(server_side=True)``, read once when it started), or None when TLS is off."""
     return None if ctx is None else ServerHandshake(sock, ctx)
 
 

@@ -10,6 +10,7 @@ with ``PYC10D_TLS_*`` set, the connection is TLS (``pyc10d.tls``) from its first
 
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 import threading
@@ -17,7 +18,7 @@ import time
 import weakref
 from datetime import timedelta
 
-from .. import auth, tls
+from .. import auth, keepalive, tls
 from ..errors import DistNetworkError, DistStoreError
 from . import wire
 from .base import (
@@ -80,6 +81,7 @@ def dial(host: str, port: int, secs: float | None) -> socket.socket:
         time.sleep(delay if left is None else max(0.0, min(delay, left)))
         delay = min(delay * 2, 1.0)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    keepalive.apply(sock, keepalive.peer_timeout())
     sock.settimeout(None)
     return sock
 
@@ -178,10 +180,15 @@ class TCPStore(Store):
                 self._give_up(str(e))
                 raise
             except (TimeoutError, *tls.WOULD_BLOCK) as e:  # ``_kernel_timeout``'s deadline passed
-                self._give_up(
-                    f"TCPStore got no answer from the server at {self._host}:{self._port} within "
-                    f"{limit:g} s; the server is stuck or unreachable"
-                )
+                if e.errno == errno.ETIMEDOUT:  # the kernel's keepalive or user timeout gave up
+                    self._give_up(
+                        f"TCPStore: Timed out: the server at {self._host}:{self._port} stopped answering "
+                        f"for {keepalive.peer_timeout() or 0:g}s ({keepalive.ENV}): unreachable ({e})")
+                else:
+                    self._give_up(
+                        f"TCPStore got no answer from the server at {self._host}:{self._port} within "
+                        f"{limit or 0:g} s; the server is stuck or unreachable"
+                    )
                 raise DistStoreError(self._broken) from e
             except (OSError, wire.BadFrame) as e:
                 self._give_up(

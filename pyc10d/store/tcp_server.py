@@ -33,7 +33,7 @@ import time
 from collections import deque
 from typing import Any
 
-from .. import auth, tls
+from .. import auth, keepalive, tls
 from ..errors import DistNetworkError
 from . import wire
 
@@ -101,6 +101,8 @@ class Server:
         self._runnable: list[_Conn] = []  # connections whose parked request was answered
         self._max_bytes = wire.max_part_bytes()
         self._secret = auth.token()  # fixed for the server's life, read once like its limits
+        self._tls = tls.context(server_side=True)
+        self._peer_timeout = keepalive.peer_timeout()
         self._stopping = False
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -164,13 +166,8 @@ class Server:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            try:
-                hs = tls.server_handshake(sock)
-            except tls.TLSError as e:  # the files went missing: refuse rather than talk in clear
-                log.warning("TCPStore server on port %d: refused the connection from %s: %s",
-                            self.port, _addr(addr), e)
-                sock.close()
-                continue
+            keepalive.apply(sock, self._peer_timeout)  # a client's vanished host frees its slot
+            hs = tls.server_handshake(sock, self._tls)
             conn = _Conn(hs.sock if hs else sock, addr, self._max_bytes, self._secret, hs)
             self._conns.add(conn)
             self._sel.register(conn.sock, selectors.EVENT_READ, conn)

@@ -66,6 +66,7 @@ class Listener:
                  admit: Callable[[int, socket.socket], str | None]) -> None:
         self.rank, self.size = rank, size
         self._secret = secret
+        self._tls = tls.context(server_side=True)
         self._admit = admit
         self.nonce = int.from_bytes(os.urandom(7), "little")
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -122,11 +123,7 @@ class Listener:
                 self._refuse(p, f"{MAX_PENDING} connections are being vetted already")
                 continue
             sock.setblocking(False)
-            try:
-                p.tls = tls.server_handshake(sock)
-            except tls.TLSError as e:
-                self._refuse(p, str(e))
-                continue
+            p.tls = tls.server_handshake(sock, self._tls)
             if p.tls is not None:
                 p.sock = p.tls.sock
             self._pending[p.sock] = p
