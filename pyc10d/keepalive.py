@@ -69,8 +69,10 @@ def apply(sock: socket.socket, limit: float | None) -> None:
             pass
 
 
-def silent_error(peer: int, seconds: float, what: str) -> PeerTimeoutError:
-    """The error naming ``peer`` after ``seconds`` of silence; ``what`` says how it was seen."""
+def silent_error(peer: int, seconds: float, what: str, cause: object = None) -> PeerTimeoutError:
+    """The error naming ``peer`` after ``seconds`` of silence; ``what`` says how it was seen,
+    ``cause`` (the kernel's error) is quoted."""
+    why = f"{ENV}; {cause}" if cause is not None else ENV
     return PeerTimeoutError(
-        f"Timed out: rank {peer} {what} for {seconds:g}s ({ENV}): its host is unreachable or its "
+        f"Timed out: rank {peer} {what} for {seconds:g}s ({why}): its host is unreachable or its "
         "process is frozen")

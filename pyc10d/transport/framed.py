@@ -144,7 +144,7 @@ class FramedTransport(Transport):
             elif isinstance(e, BadFrame):
                 self._refuse(peer, str(e))
             elif isinstance(e, TimeoutError) and not isinstance(e, DistNetworkError):  # keepalive
-                box.peer_lost(peer, silent_error(peer, peer_timeout() or 0, f"stopped answering ({e})"))
+                box.peer_lost(peer, silent_error(peer, peer_timeout() or 0, "stopped answering", e))
             elif isinstance(e, (OSError, DistNetworkError)):  # the peer left or died
                 box.peer_lost(peer, e if isinstance(e, DistNetworkError) else str(e))
             else:  # e.g. no memory for the message
