@@ -9,7 +9,10 @@ ranks have.
 
 Cases: ``families`` runs the named conformance families (each with its patches), counting the
 checks; ``loop`` all-reduces until it fails, touching ``OUT_DIR/ready<r>`` after a few
-rounds so the test knows when to kill a host.
+rounds so the test knows when to kill a host; ``freeze`` is ``loop`` in which the last rank
+stops itself with SIGSTOP a few rounds after ready (touching ``OUT_DIR/frozen`` first), as a
+hung host or a debugger would. A ``BACKEND`` of ``torch:<name>`` runs the case through
+``torch.distributed`` on that backend (e.g. the plugin's ``pyc10d_tcp``) instead of pyc10d.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ import gc
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import time
 import traceback
 from datetime import timedelta
+from typing import Any
 
 import torch
 
@@ -44,15 +49,18 @@ def _families(rank: int, ws: int, names: list[str]) -> int:
     return count
 
 
-def _loop(rank: int, ws: int, out: str) -> int:
+def _loop(rank: int, ws: int, out: str, api: Any = dist, freeze: bool = False) -> int:
     t = torch.ones(1024)
     for i in range(100000):
         t.fill_(1.0)
-        dist.all_reduce(t)
+        api.all_reduce(t)
         if t[0].item() != ws:
             raise AssertionError(f"round {i}: all_reduce gave {t[0].item()}, wanted {ws}")
         if i == 3:
             open(os.path.join(out, f"ready{rank}"), "w").close()
+        if freeze and i == 20 and rank == ws - 1:
+            open(os.path.join(out, "frozen"), "w").close()
+            os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(0.005)  # pace the loop: the machine is shared
     return 0
 
@@ -61,15 +69,20 @@ def _rank(case: str, out: str, master: str, ws: int, rank: int, backend: str, fa
     gc.freeze()  # no full GC pass over the parent's heap: see MultiProcessTestCase._run_rank
     torch.set_num_threads(1)
     report: dict = {"rank": rank, "ok": False, "error": "", "count": 0, "backend": ""}
+    api: Any = dist
+    if backend.startswith("torch:"):
+        import torch.distributed as api
+
+        backend = backend[len("torch:"):]
     try:
-        dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=ws,
-                                timeout=timedelta(seconds=30))
-        report["backend"] = dist.get_backend()
+        api.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=ws,
+                               timeout=timedelta(seconds=30))
+        report["backend"] = api.get_backend()
         if case == "families":
             report["count"] = _families(rank, ws, families)
         else:
-            _loop(rank, ws, out)
-        dist.destroy_process_group()
+            _loop(rank, ws, out, api, freeze=case == "freeze")
+        api.destroy_process_group()
         report["ok"] = True
     except BaseException as e:  # noqa: BLE001 - reported to the test
         report["error"] = f"{type(e).__name__}: {e}"

@@ -21,11 +21,12 @@ import struct
 from collections.abc import Callable
 
 from ..errors import DistNetworkError
+from ..keepalive import peer_timeout, silent_error
 from .base import Mailbox, RecvHandle, Transport, abort_error, lost_error
 from .pool import POOL_MIN
 
-KIND_DATA, KIND_ABORT, KIND_BYE = 0, 1, 2
-_KINDS = (KIND_DATA, KIND_ABORT, KIND_BYE)
+KIND_DATA, KIND_ABORT, KIND_BYE, KIND_PING = 0, 1, 2, 3  # a ping: see ``heartbeat``
+_KINDS = (KIND_DATA, KIND_ABORT, KIND_BYE, KIND_PING)
 # An abort carries a reason, a goodbye nothing: anything longer is not one of ours.
 MAX_CONTROL_BYTES = 64 * 1024
 _DEFAULT_MAX_MESSAGE = 1 << 36
@@ -110,6 +111,8 @@ class FramedTransport(Transport):
                 if kind != KIND_DATA:
                     payload = bytearray(nbytes)
                     read(memoryview(payload), True)
+                    if kind == KIND_PING:
+                        continue
                     if kind == KIND_BYE:
                         box.peer_said_bye(peer)
                         box.peer_lost(peer, lost_error(peer, "it shut down its process group"))
@@ -140,6 +143,8 @@ class FramedTransport(Transport):
                 pass
             elif isinstance(e, BadFrame):
                 self._refuse(peer, str(e))
+            elif isinstance(e, TimeoutError) and not isinstance(e, DistNetworkError):  # keepalive
+                box.peer_lost(peer, silent_error(peer, peer_timeout() or 0, "stopped answering", e))
             elif isinstance(e, (OSError, DistNetworkError)):  # the peer left or died
                 box.peer_lost(peer, e if isinstance(e, DistNetworkError) else str(e))
             else:  # e.g. no memory for the message

@@ -24,17 +24,19 @@ import threading
 import time
 from datetime import timedelta
 
-from .. import auth
+from .. import auth, keepalive, tls
 from ..errors import DistNetworkError, DistTimeoutError, with_message
 from ..store.base import Store, store_chain
+from . import heartbeat
 from .base import Mailbox, RecvHandle
 from .cpus import usable_cpus
-from .framed import FramedTransport
+from .framed import KIND_PING, FramedTransport
 from .netif import advertised_address
 from .tcp_listener import ACCEPTED, HELLO, USE_OTHER, Listener
 
 _HEADER = struct.Struct("<QQII")
 _SMALL = 64 * 1024
+_PING = _HEADER.pack(0, 0, 0, KIND_PING)
 # A receive from a peer not connected yet dials it after this long (see ``irecv``).
 PROBE_AFTER_S = 0.25
 log = logging.getLogger("pyc10d")
@@ -149,8 +151,11 @@ class TCPTransport(FramedTransport):
         self._addrs: list[str] = []  # every rank's ``host:port:nonce``, read at the first dial
         self._addrs_lock = threading.Lock()
         self._listener: Listener | None = None
+        self.peer_timeout = keepalive.peer_timeout()  # see ``heartbeat``; None: not watched
         if size > 1:
             self._join(store, self._timeout_s)
+            if self.peer_timeout is not None:
+                heartbeat.register(self)
 
     # -- set-up ---------------------------------------------------------------------------
     def _join(self, store: Store, timeout: float) -> None:
@@ -197,6 +202,7 @@ class TCPTransport(FramedTransport):
         ``answer`` (the listener's reply to the dialer) goes out before any data frame can;
         ``unanswered``: this rank dialled and has not read the peer's answer yet."""
         _tune(sock, sockbuf_bytes(_is_local(sock), self._ranks_on_host()))
+        keepalive.apply(sock, self.peer_timeout)
         with self._send_locks[peer]:
             if answer is not None:
                 sock.sendall(answer)
@@ -259,6 +265,8 @@ class TCPTransport(FramedTransport):
         host, port, nonce = self._address(peer)
         sock = self._open(peer, host, int(port), deadline)
         try:
+            sock = tls.wrap_client(sock, f"tcp transport: rank {self.rank} connecting to rank {peer} at "
+                                         f"{host}:{port}", min(tls.HANDSHAKE_TIMEOUT_S, max(deadline - time.monotonic(), 0.1)))
             if self._secret is not None:
                 auth.authenticate(sock, self._secret, f"tcp transport: rank {self.rank} failed to "
                                                       f"authenticate with rank {peer} at {host}:{port}")
@@ -346,6 +354,9 @@ class TCPTransport(FramedTransport):
                     try:
                         self._connection(peer)
                         return
+                    except tls.CertificateRefused as e:  # definitive: fail the receives now
+                        self.mailbox.peer_lost(peer, e)
+                        return
                     except Exception:  # noqa: BLE001 - a loss fails the receive; see above
                         with self._cond:
                             if (self._socks[peer] is not None or self._closing or peer in self.mailbox.dead
@@ -410,9 +421,10 @@ class TCPTransport(FramedTransport):
         # system time per call in it.
         idle = select.poll()
         idle.register(sock, select.POLLIN)
+        buffered = getattr(sock, "pending", None)  # TLS: decrypted bytes that poll() cannot see
 
         def read(view: memoryview, payload: bool) -> None:
-            if not payload:
+            if not payload and not (buffered and buffered()):
                 idle.poll()
             _recv_exact(sock, view)
 
@@ -441,6 +453,28 @@ class TCPTransport(FramedTransport):
                 pass
 
     # -- failure and shutdown -----------------------------------------------------------
+    def heartbeat(self) -> None:
+        """Called by the heartbeat thread every ``peer_timeout / 4`` s (see ``heartbeat``)."""
+        limit = self.peer_timeout
+        assert limit is not None
+        for peer, sock in enumerate(self._socks):
+            if sock is None or peer in self.mailbox.dead or self._closing:
+                continue
+            try:
+                since_sent, since_received = heartbeat.idle_ms(sock)
+                if since_received > limit * 1000:
+                    self.mailbox.peer_lost(peer, keepalive.silent_error(peer, limit, "sent nothing"))
+                    self._drop(peer)
+                elif since_sent >= limit * 1000 / 3 and heartbeat.unsent(sock) == 0:
+                    lock = self._send_locks[peer]
+                    if lock.acquire(blocking=False):
+                        try:
+                            sock.sendall(_PING)
+                        finally:
+                            lock.release()
+            except OSError:  # closed meanwhile: its receiver reports that
+                pass
+
     def is_alive(self, peer: int) -> bool:
         """Not known to be lost (a peer never connected to counts as alive)."""
         return peer not in self.mailbox.dead
@@ -454,6 +488,7 @@ class TCPTransport(FramedTransport):
                 return
             self._closing = True
             self._cond.notify_all()
+        heartbeat.unregister(self)
         if self._listener is not None:
             self._listener.close()
         for peer, sock in enumerate(self._socks):

@@ -4,7 +4,8 @@ Connections are lazy (see ``tcp``): a peer may dial this rank at any time, not o
 set-up, so the listener stays up until the transport closes. Anyone can reach it, so every
 connection is vetted before it becomes a peer's: authentication if ``PYC10D_AUTH_TOKEN`` is
 set, then the hello (the dialer's rank and the nonce this rank published through the store),
-within ``HELLO_TIMEOUT_S``. A connection that fails any of it is closed without a word and
+within ``HELLO_TIMEOUT_S``, all inside TLS when ``PYC10D_TLS_*`` is set (``tls.ServerHandshake``,
+driven by the same loop). A connection that fails any of it is closed without a word and
 the reason is logged; at most ``MAX_PENDING`` connections are vetted at once.
 
 One thread does it all with ``selectors``, reading whatever each connection has sent: a
@@ -29,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .. import auth
+from .. import auth, tls
 
 HELLO = struct.Struct("<Iq")  # the dialer's rank, the nonce this rank published
 ACCEPTED, USE_OTHER = b"\x01", b"\x00"
@@ -43,10 +44,11 @@ log = logging.getLogger("pyc10d")
 class _Pending:
     """A connection being vetted: its handshake (if a token is set) and hello so far."""
 
-    __slots__ = ("sock", "who", "deadline", "hs", "got")
+    __slots__ = ("sock", "who", "deadline", "hs", "got", "tls")
 
-    def __init__(self, sock: socket.socket, who: str, secret: bytes | None) -> None:
-        self.sock, self.who = sock, who
+    def __init__(self, sock: socket.socket, who: str, secret: bytes | None,
+                 tls_hs: tls.ServerHandshake | None = None) -> None:
+        self.sock, self.who, self.tls = sock, who, tls_hs
         self.deadline = time.monotonic() + HELLO_TIMEOUT_S
         self.hs = None if secret is None else auth.ServerHandshake(secret)
         self.got = bytearray()
@@ -64,6 +66,7 @@ class Listener:
                  admit: Callable[[int, socket.socket], str | None]) -> None:
         self.rank, self.size = rank, size
         self._secret = secret
+        self._tls = tls.context(server_side=True)
         self._admit = admit
         self.nonce = int.from_bytes(os.urandom(7), "little")
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -120,13 +123,30 @@ class Listener:
                 self._refuse(p, f"{MAX_PENDING} connections are being vetted already")
                 continue
             sock.setblocking(False)
-            self._pending[sock] = p
-            self._sel.register(sock, selectors.EVENT_READ, p)
+            p.tls = tls.server_handshake(sock, self._tls)
+            if p.tls is not None:
+                p.sock = p.tls.sock
+            self._pending[p.sock] = p
+            self._sel.register(p.sock, selectors.EVENT_READ, p)
 
     def _readable(self, p: _Pending) -> None:
+        if p.tls is not None and not p.tls.done:
+            try:
+                if not p.tls.step():
+                    self._sel.modify(p.sock, p.tls.events, p)
+                    return
+            except tls.TLSError as e:
+                self._refuse(p, str(e))
+                return
+            self._sel.modify(p.sock, selectors.EVENT_READ, p)
+        self._vet(p)
+        while p.sock in self._pending and tls.buffered(p.sock):  # decrypted: no readiness event
+            self._vet(p)
+
+    def _vet(self, p: _Pending) -> None:
         try:
             data = p.sock.recv(p.want())
-        except (BlockingIOError, InterruptedError):
+        except (*tls.WOULD_BLOCK, InterruptedError):
             return
         except OSError as e:
             self._refuse(p, str(e) or type(e).__name__)
@@ -171,6 +191,8 @@ class Listener:
     @staticmethod
     def _ended(p: _Pending, why: str, timed_out: bool) -> str:
         """Why a connection that stopped (closed or went silent) is refused."""
+        if p.tls is not None and not p.tls.done:
+            return f"TLS handshake failed: {tls.describe(TimeoutError() if timed_out else EOFError())}"
         if p.hs is not None and not p.hs.done:
             return f"authentication failed: {p.hs.ended(timed_out=timed_out)}"
         return why
