@@ -50,13 +50,16 @@ demo: $(STAMP)
 # would hide pytest's closing "N passed" line. Tests run on TEST_WORKERS pytest-xdist workers
 # (default: one per CPU; TEST_WORKERS=0 runs them in this process, one after the other).
 # --dist loadgroup hands out single tests, so the long files (conformance, hier) spread too.
-# tmux for the terminal test of pyc10d.status --watch (it skips only where tmux cannot be had).
+# tmux for the terminal test of pyc10d.status --watch, tcpdump and openssl for the TLS tests (a
+# sniffed wire, throwaway certificates), iptables for the silent-partition tests (each skips only
+# where its tool cannot be had).
 # compileall: the suite starts ~150 interpreters; where PYTHONDONTWRITEBYTECODE is set (as on
 # these machines) each would compile pyc10d's sources again (0.2-0.5 s of CPU apiece).
 TEST_WORKERS ?= auto
 test: $(STAMP)
-	command -v tmux >/dev/null || { apt-get update && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y tmux; } || true
+	command -v tmux >/dev/null && command -v tcpdump >/dev/null && command -v iptables >/dev/null && \
+		command -v openssl >/dev/null || { apt-get update && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y tmux tcpdump iptables openssl; } || true
 	$(PY) -m compileall -q -j 0 pyc10d tests examples _pyc10d_autoload.py
 	$(PY) -m pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 
