@@ -13,7 +13,9 @@ Cases: ``families`` runs the named conformance families (each with its patches),
 checks; ``loop`` all-reduces until it fails, touching ``OUT_DIR/ready<r>`` after a few
 rounds so the test knows when to kill a host; ``freeze`` is ``loop`` in which the last rank
 stops itself with SIGSTOP a few rounds after ready (touching ``OUT_DIR/frozen`` first), as a
-hung host or a debugger would. A ``BACKEND`` of ``torch:<name>`` runs the case through
+hung host or a debugger would; ``stream`` (two ranks) has rank 0 send ``STREAM_MESSAGES`` messages
+of ``STREAM_BYTES`` to rank 1, which checks each, and both report the seconds it took
+(``"seconds"``, after one warm-up message). A ``BACKEND`` of ``torch:<name>`` runs the case through
 ``torch.distributed`` on that backend (e.g. the plugin's ``pyc10d_tcp``) instead of pyc10d
 (the families too: their checks call torch's API then).
 """
@@ -78,6 +80,26 @@ def _loop(rank: int, ws: int, out: str, api: Any = dist, freeze: bool = False) -
     return 0
 
 
+STREAM_BYTES, STREAM_MESSAGES = 16 << 20, 4
+
+
+def _stream(rank: int) -> float:
+    n = STREAM_BYTES // 4
+    buf = torch.empty(n)
+    for i in range(STREAM_MESSAGES + 1):  # message 0 warms up (connections, lanes)
+        if i == 1:
+            dist.barrier()
+            start = time.monotonic()
+        if rank == 0:
+            dist.send(torch.arange(n, dtype=torch.float32) + i, 1)
+        else:
+            dist.recv(buf, 0)
+            if not torch.equal(buf, torch.arange(n, dtype=torch.float32) + i):
+                raise AssertionError(f"stream message {i} arrived damaged")
+    dist.barrier()
+    return time.monotonic() - start
+
+
 def _rank(case: str, out: str, master: str, ws: int, rank: int, backend: str, families: list[str]) -> None:
     gc.freeze()  # no full GC pass over the parent's heap: see MultiProcessTestCase._run_rank
     torch.set_num_threads(1)
@@ -104,6 +126,9 @@ def _rank(case: str, out: str, master: str, ws: int, rank: int, backend: str, fa
         report["backend"] = api.get_backend()
         if case == "families":
             report["count"] = _families(rank, ws, families)
+        elif case == "stream":
+            report["seconds"] = _stream(rank)
+            report["count"] = STREAM_MESSAGES
         else:
             _loop(rank, ws, out, api, freeze=case == "freeze")
         api.destroy_process_group()
