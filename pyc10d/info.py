@@ -81,7 +81,7 @@ def shared_memory() -> dict[str, Any]:
 
 def network() -> dict[str, Any]:
     """The address a rank would advertise for its tcp listener, with the store where
-    ``MASTER_ADDR`` says (this host when unset), and this host's IPv4 interfaces."""
+    ``MASTER_ADDR`` says (this host when unset), and this host's interfaces (IPv4 address, else IPv6)."""
     from pyc10d.transport.netif import advertised_address, interface_addresses
 
     store_host = os.environ.get("MASTER_ADDR") or None
@@ -133,7 +133,7 @@ def render(info: dict[str, Any]) -> str:
         + f" to peers, store at {net['store_host']}"
         + (f" (file:// across hosts: {net['file_store_advertised']})" if net.get("file_store_advertised") else "")
         + (f"; {net['error']}" if net.get("error") else ""),
-        "interfaces  " + (", ".join(f"{n} {a}" for n, a in net["interfaces"].items()) or "none with IPv4"),
+        "interfaces  " + (", ".join(f"{n} {a}" for n, a in net["interfaces"].items()) or "none with an address"),
         f"auth        PYC10D_AUTH_TOKEN {'set: connections authenticated' if sec['auth_token_set'] else 'unset: connections not authenticated'}; "
         "no TLS (pyc10d does not encrypt)",
         "variables   " + (", ".join(f"{k}={val}" for k, val in sec["variables"].items()) or "none set"),

@@ -20,6 +20,7 @@ from datetime import timedelta
 
 from .. import auth, keepalive, tls
 from ..errors import DistNetworkError, DistStoreError
+from ..hostport import unbracket
 from . import wire
 from .base import (
     Store,
@@ -74,7 +75,7 @@ def dial(host: str, port: int, secs: float | None) -> socket.socket:
                 f"trying to connect to ({host}, {port}): {last}"
             ) from last
         try:
-            sock = socket.create_connection((host, port), timeout=left)
+            sock = socket.create_connection((unbracket(host), port), timeout=left)
             break
         except OSError as e:  # refused (server not up yet), DNS failure, ...
             last = e

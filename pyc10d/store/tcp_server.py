@@ -35,6 +35,7 @@ from typing import Any
 
 from .. import auth, keepalive, tls
 from ..errors import DistNetworkError
+from ..hostport import format_hostport
 from . import wire
 
 _RECV = 64 * 1024  # under malloc's mmap threshold: a small answer costs no mmap/munmap
@@ -48,7 +49,7 @@ log = logging.getLogger("pyc10d")
 
 def _addr(addr: object) -> str:
     if isinstance(addr, tuple) and len(addr) >= 2:
-        return f"{addr[0]}:{addr[1]}"
+        return format_hostport(str(addr[0]), addr[1])
     return str(addr)
 
 

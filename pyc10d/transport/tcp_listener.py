@@ -17,6 +17,11 @@ A vetted hello is handed to ``admit(peer, sock)``, which answers the dialer with
 ``tcp.TCPTransport._admit``): ``ACCEPTED`` (this socket is the pair's connection from now on)
 or ``USE_OTHER`` (the pair has, or is about to have, the connection this rank dialled), or
 returns a reason to refuse it.
+
+A dialer's hello may name a lane (``LANE_SHIFT``): an extra connection that carries only the
+stripes of large messages (see ``tcp``), accepted only when this rank has that many
+addresses. The socket listens on every address of the family of the rank's addresses (IPv6:
+dual-stack, so IPv4 peers get in too), or on the one loopback address a single-host job uses.
 """
 
 from __future__ import annotations
@@ -28,11 +33,17 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .. import auth, tls
+from ..hostport import family_of, format_hostport
+from .netif import is_loopback
 
-HELLO = struct.Struct("<Iq")  # the dialer's rank, the nonce this rank published
+HELLO = struct.Struct("<Iq")  # the dialer's rank (and lane), the nonce this rank published
+# The hello's first field: the dialer's rank in the low bits, a lane above (0: the pair's
+# connection). Ranks stay below 2**24.
+LANE_SHIFT = 24
+RANK_MASK = (1 << LANE_SHIFT) - 1
 ACCEPTED, USE_OTHER = b"\x01", b"\x00"
 # A connection to a rank's listener has this long to authenticate and say hello.
 HELLO_TIMEOUT_S = auth.HANDSHAKE_TIMEOUT_S
@@ -62,16 +73,19 @@ class _Pending:
 class Listener:
     """Accepts and vets connections to rank ``rank`` of ``size`` until ``close``."""
 
-    def __init__(self, rank: int, size: int, host: str, secret: bytes | None,
-                 admit: Callable[[int, socket.socket], str | None]) -> None:
-        self.rank, self.size = rank, size
+    def __init__(self, rank: int, size: int, hosts: Sequence[str], secret: bytes | None,
+                 admit: Callable[[int, socket.socket, int], str | None]) -> None:
+        self.rank, self.size, self.lanes = rank, size, len(hosts)
         self._secret = secret
         self._tls = tls.context(server_side=True)
         self._admit = admit
         self.nonce = int.from_bytes(os.urandom(7), "little")
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family, where = _bind_address(hosts)
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1" if host == "127.0.0.1" else "0.0.0.0", 0))
+        if family == socket.AF_INET6 and not is_loopback(where):
+            self._sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        self._sock.bind((where, 0))
         self._sock.listen(max(size, 128))  # room for stray connections beside the peers
         self._sock.setblocking(False)
         self.port = self._sock.getsockname()[1]
@@ -117,7 +131,7 @@ class Listener:
             except OSError as e:  # e.g. out of file descriptors: log, keep serving the rest
                 log.warning("tcp transport: rank %d could not accept a connection: %s", self.rank, e)
                 return
-            who = f"{addr[0]}:{addr[1]}"
+            who = format_hostport(addr[0], addr[1])
             p = _Pending(sock, who, self._secret)
             if len(self._pending) >= MAX_PENDING:
                 self._refuse(p, f"{MAX_PENDING} connections are being vetted already")
@@ -169,7 +183,8 @@ class Listener:
             self._hello(p)
 
     def _hello(self, p: _Pending) -> None:
-        peer, got_nonce = HELLO.unpack(p.got[:HELLO.size])
+        field, got_nonce = HELLO.unpack(p.got[:HELLO.size])
+        peer, lane = field & RANK_MASK, field >> LANE_SHIFT
         if len(p.got) > HELLO.size:
             self._refuse(p, "it sent more than a hello before its answer")
         elif got_nonce != self.nonce:
@@ -177,11 +192,13 @@ class Listener:
         elif not (0 <= peer < self.size and peer != self.rank):
             self._refuse(p, f"it claims rank {peer}, not a peer of rank {self.rank} "
                             f"in a world of {self.size}")
+        elif lane >= self.lanes:
+            self._refuse(p, f"rank {peer} asks for lane {lane}; rank {self.rank} has {self.lanes}")
         else:
             self._forget(p)
             p.sock.setblocking(True)
             try:
-                reason = self._admit(peer, p.sock)
+                reason = self._admit(peer, p.sock, lane)
             except OSError as e:  # the dialer went away before hearing the answer
                 reason = f"answering its hello failed: {e}"
             if reason is not None:
@@ -225,3 +242,13 @@ class Listener:
             pass
         self._thread.join(timeout=1.0)
         self._wake_w.close()
+
+
+def _bind_address(hosts: Sequence[str]) -> tuple[socket.AddressFamily, str]:
+    """Where the listener binds for a rank advertising ``hosts``: its one loopback address
+    (a single-host job), else every address (IPv6 and dual-stack when any host is IPv6)."""
+    if len(set(hosts)) == 1 and is_loopback(hosts[0]):
+        return family_of(hosts[0]), hosts[0]
+    if any(family_of(h) == socket.AF_INET6 for h in hosts):
+        return socket.AF_INET6, "::"
+    return socket.AF_INET, "0.0.0.0"
