@@ -177,12 +177,19 @@ def test_spaced_figures_leave_the_gap_out() -> None:
             pass
 
     dist = OneRankDist()
-    t0 = time.perf_counter()
-    times, ok = time_op(dist, Op(dist, "all_reduce", 4, 0, 1, 8), 8, 3, "spaced")
-    took = time.perf_counter() - t0
-    assert ok and len(times) == 3
+    # A loaded machine can deschedule the process just as a gap ends, and that time lands in
+    # the figure: up to five tries for one whose every loop reads under half a gap (a driver
+    # that left the gap in would read a whole gap or more on every try).
+    for _ in range(5):
+        t0 = time.perf_counter()
+        times, ok = time_op(dist, Op(dist, "all_reduce", 4, 0, 1, 8), 8, 3, "spaced")
+        took = time.perf_counter() - t0
+        assert ok and len(times) == 3
+        assert all(t >= 0 for t in times), times
+        assert took >= 4 * 8 * timing.GAP_S  # the warm-up loop and three timed ones, 8 gaps each
+        if all(t < timing.GAP_S / 2 for t in times):
+            break
     assert all(0 <= t < timing.GAP_S / 2 for t in times), times
-    assert took >= 4 * 8 * timing.GAP_S  # the warm-up loop and three timed ones, 8 gaps each
 
 
 def test_the_c_reference_only_times_blocking_loops(capsys: pytest.CaptureFixture[str]) -> None:
