@@ -80,12 +80,13 @@ def plot(rows: Sequence[Record], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(rows) + 2), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows) + 2), 5.5))
     labels = []
     for i, r in enumerate(rows):
         ax.scatter([i] * len(r["times_us"]), [t / 1000 for t in r["times_us"]], s=14, alpha=0.7)
-        labels.append(f"{r['op']} n={r['world_size']}\n{metrics.format_size(r['bytes'])}\n{r['backend']}")
-    ax.set_xticks(range(len(rows)), labels, fontsize=6)
+        op = r["op"].removesuffix("_into_tensor").removesuffix("_tensor")
+        labels.append(f"{op} n={r['world_size']} {metrics.format_size(r['bytes'])}\n{r['backend']}")
+    ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=60, ha="right")
     ax.set_ylabel("time per call, ms (one dot per fresh job)")
     ax.set_yscale("log")
     ax.set_title("spread across fresh jobs (python -m pyc10d.bench --jobs N)")
