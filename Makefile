@@ -17,7 +17,8 @@
 #               400 of torch's DDP / FSDP2 training on the plugin (pyc10d_shm, pyc10d_tcp)
 #   make torch-suite  torch's own backend suite (torch.testing's distributed_test) on
 #               pyc10d_shm / pyc10d_tcp (world size 2) and pyc10d_shm (4) beside Gloo, then the
-#               tests torch gates on the name gloo against pyc10d; prints the README's table
+#               tests torch gates on the name gloo against pyc10d; prints the table that
+#               docs/coming-from-torch.md shows
 #               (minutes; results in benchmarks/results/torch_suite; a slice runs in make test)
 #   make test-torchft  torchft's own multi-PG and Manager tests (from its wheel) on
 #               pyc10d.integrations.torchft.ProcessGroupPyc10d, 3 runs, beside torchft's
@@ -55,13 +56,16 @@ demo: $(STAMP)
 # would hide pytest's closing "N passed" line. Tests run on TEST_WORKERS pytest-xdist workers
 # (default: one per CPU; TEST_WORKERS=0 runs them in this process, one after the other).
 # --dist loadgroup hands out single tests, so the long files (conformance, hier) spread too.
-# tmux for the terminal test of pyc10d.status --watch (it skips only where tmux cannot be had).
+# tmux for the terminal test of pyc10d.status --watch, tcpdump and openssl for the TLS tests (a
+# sniffed wire, throwaway certificates), iptables for the silent-partition tests (each skips only
+# where its tool cannot be had).
 # compileall: the suite starts ~150 interpreters; where PYTHONDONTWRITEBYTECODE is set (as on
 # these machines) each would compile pyc10d's sources again (0.2-0.5 s of CPU apiece).
 TEST_WORKERS ?= auto
 test: $(STAMP)
-	command -v tmux >/dev/null || { apt-get update && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y tmux; } || true
+	command -v tmux >/dev/null && command -v tcpdump >/dev/null && command -v iptables >/dev/null && \
+		command -v openssl >/dev/null || { apt-get update && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y tmux tcpdump iptables openssl; } || true
 	$(PY) -m compileall -q -j 0 pyc10d tests examples _pyc10d_autoload.py
 	$(PY) -m pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
 

@@ -86,6 +86,7 @@ from .object_collectives import (
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .process_group import Backend, ProcessGroup, ProcessGroupGloo, _round_robin_process_groups
 from .rendezvous import register_rendezvous_handler
+from .shrink import shrink_group
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore
 from .types import (
     AllgatherOptions,
@@ -126,5 +127,5 @@ __all__ = [
     "all_gather_single", "reduce_scatter_single", "supports_complex", "get_backend_config",
     "get_default_backend_for_device", "is_backend_available", "split_group", "send_object_list",
     "recv_object_list", "register_rendezvous_handler", "QueueEmptyError", "BuiltinCommHookType",
-    "is_xccl_available",
+    "is_xccl_available", "shrink_group",
 ]

@@ -20,6 +20,7 @@ from .groups import (  # noqa: F401
 from .object_collectives import *  # noqa: F403
 from .p2p import *  # noqa: F403
 from .process_group import Backend, ProcessGroup, ProcessGroupGloo, _round_robin_process_groups  # noqa: F401
+from .shrink import SHRINK_ABORT, SHRINK_DEFAULT, shrink_group  # noqa: F401
 from .world import GroupMember, current_world, group  # noqa: F401
 
 

@@ -51,8 +51,8 @@ def with_torch_phrase(error: BaseException, detail: str) -> str:
     Other errors (a mismatch between ranks, a bad argument) have no common phrase in torch
     and keep their text as it is.
     """
-    if isinstance(error, DistTimeoutError) and TIMED_OUT not in detail:
-        return f"{TIMED_OUT} ({detail})"
+    if isinstance(error, DistTimeoutError):  # (also a network error for a silent peer)
+        return detail if TIMED_OUT in detail else f"{TIMED_OUT} ({detail})"
     if isinstance(error, DistNetworkError) and PEER_CLOSED not in detail:
         return f"{PEER_CLOSED} ({detail})"
     return detail

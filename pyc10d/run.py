@@ -291,9 +291,10 @@ def launch(args: argparse.Namespace) -> int:
     except _Interrupted as e:
         name = signal.Signals(e.signum).name
         if e.signum == signal.SIGINT:  # Ctrl-C: where every rank was (``pyc10d.status``)
+            from .hostport import format_hostport
             from .status import snapshot
 
-            print(snapshot(f"{args.master_addr}:{args.master_port}"), file=sys.stderr, flush=True)
+            print(snapshot(format_hostport(args.master_addr, args.master_port)), file=sys.stderr, flush=True)
         print(f"{PREFIX}: got {name}, stopping {len(procs)} rank(s)", file=sys.stderr,
               flush=True)
         # Ignore repeats while we clean up; the children get the same signal from us.

@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from .backends.watchdog import KEY
+from .hostport import format_hostport, split_hostport
 
 
 def read(store: Any, group: str = "0") -> dict[int, dict[str, Any]]:
@@ -68,9 +69,9 @@ def connect(address: str | None, timeout_s: float = 10.0) -> Any:
     if address is None:
         if "MASTER_PORT" not in os.environ:
             raise SystemExit("pyc10d.status: give --store host:port or set MASTER_ADDR/MASTER_PORT")
-        address = f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:{os.environ['MASTER_PORT']}"
-    host, _, port = address.rpartition(":")
-    return TCPStore(host or "127.0.0.1", int(port), is_master=False, timeout=timedelta(seconds=timeout_s),
+        address = format_hostport(os.environ.get("MASTER_ADDR", "127.0.0.1"), os.environ["MASTER_PORT"])
+    host, port = split_hostport(f"127.0.0.1{address}" if address.startswith(":") else address)
+    return TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s),
                     wait_for_workers=False)
 
 

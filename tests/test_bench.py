@@ -177,12 +177,19 @@ def test_spaced_figures_leave_the_gap_out() -> None:
             pass
 
     dist = OneRankDist()
-    t0 = time.perf_counter()
-    times, ok = time_op(dist, Op(dist, "all_reduce", 4, 0, 1, 8), 8, 3, "spaced")
-    took = time.perf_counter() - t0
-    assert ok and len(times) == 3
+    # A loaded machine can deschedule the process just as a gap ends, and that time lands in
+    # the figure: up to five tries for one whose every loop reads under half a gap (a driver
+    # that left the gap in would read a whole gap or more on every try).
+    for _ in range(5):
+        t0 = time.perf_counter()
+        times, ok = time_op(dist, Op(dist, "all_reduce", 4, 0, 1, 8), 8, 3, "spaced")
+        took = time.perf_counter() - t0
+        assert ok and len(times) == 3
+        assert all(t >= 0 for t in times), times
+        assert took >= 4 * 8 * timing.GAP_S  # the warm-up loop and three timed ones, 8 gaps each
+        if all(t < timing.GAP_S / 2 for t in times):
+            break
     assert all(0 <= t < timing.GAP_S / 2 for t in times), times
-    assert took >= 4 * 8 * timing.GAP_S  # the warm-up loop and three timed ones, 8 gaps each
 
 
 def test_the_c_reference_only_times_blocking_loops(capsys: pytest.CaptureFixture[str]) -> None:
@@ -266,6 +273,32 @@ def test_readme_tables_come_from_the_reference_file(tmp_path: Path) -> None:
     assert "| 8B | 2 | 20.0 | 400 | 200 | 10.00x | 0.50x (wrong!) | 5.0 | 4.00x |" in text, text
     text = readme.markdown([*records, rec("mpi", 5.0, ok=False)], "ref.json")
     assert "| 5.0 | 4.00x (wrong!) |" in text, text
+
+
+def test_readme_headline_comes_from_the_reference_file(tmp_path: Path) -> None:
+    from pyc10d.bench import readme
+
+    def rec(backend: str, ws: int, size: int, t: float, ok: bool = True) -> dict:
+        return {"kind": "collective", "backend": backend, "op": "all_reduce", "world_size": ws,
+                "bytes": size, "time_us": t, "correct": ok}
+
+    records = [{"kind": "meta", "time": "T", "cpus": 2},
+               rec("pyc10d-shm", 2, 8, 20.0), rec("pyc10d-tcp", 2, 8, 300.0), rec("gloo", 2, 8, 700.0),
+               rec("mpi", 2, 8, 2.5, ok=False), rec("pyc10d-shm", 2, 100, 1.0),  # not a headline size
+               rec("pyc10d-shm", 4, 64 * metrics.MIB, 5000.0), rec("gloo", 4, 64 * metrics.MIB, 9000.0),
+               {**rec("pyc10d-shm", 2, 8, 1.0), "op": "broadcast"}]
+    text = readme.headline(records, "ref.json")
+    lines = text.splitlines()
+    assert lines[0] == "| all_reduce | ranks | pyc10d shm µs | pyc10d tcp µs | Gloo µs | Open MPI µs |", text
+    assert lines[2:4] == ["| 8B | 2 | 20.0 | 300 | 700 | 2.5 (wrong!) |", "| 64MiB | 4 | 5 000 | - | 9 000 | - |"]
+    assert "`ref.json` (T, 2 CPUs" in text and len(lines) == 6
+    doc = tmp_path / "README.md"
+    doc.write_text(f"a\n{readme.HEADLINE_BEGIN}\nold\n{readme.HEADLINE_END}\nb\n{readme.BEGIN}\nkept\n{readme.END}\n")
+    ref = tmp_path / "ref.json"
+    ref.write_text(json.dumps(records))
+    assert readme.main([str(ref), "--headline", str(doc)]) == 0
+    body = doc.read_text()
+    assert "old" not in body and "| 8B | 2 | 20.0 |" in body and "kept" in body and body.startswith("a\n")
 
 
 @pytest.mark.timeout(60)
@@ -373,3 +406,33 @@ def test_overhead_bench_checks_every_timed_all_reduce(tmp_path: Path, sabotage: 
     (row,) = [r for r in rows if "profiler_reads_per_call" not in r]
     assert row["bytes"] == 8 and row["pairs"] == 1 and row["on_us"] > 0
     assert row["correct"] is (not sabotage)
+
+
+def test_spread_across_jobs_keeps_every_job_and_any_failure() -> None:
+    from pyc10d.bench import jobs
+
+    def rec(job: int, t: float, ok: bool = True) -> dict:
+        return {"kind": "collective", "backend": "b", "op": "all_reduce", "world_size": 2,
+                "bytes": 8, "time_us": t, "correct": ok, "job": job}
+
+    (row,) = jobs.spread([rec(1, 7.0), rec(2, 3.0), rec(3, 5.0, ok=False), {"kind": "memcpy"}])
+    assert row["times_us"] == [3.0, 5.0, 7.0] and row["jobs"] == 3
+    assert (row["fastest_us"], row["median_us"], row["slowest_us"]) == (3.0, 5.0, 7.0)
+    assert row["ratio"] == pytest.approx(7.0 / 3.0)
+    assert row["correct"] is False
+    assert "WRONG" in jobs.table([row]) and "2.33x" in jobs.table([row])
+
+
+@pytest.mark.timeout(50)
+def test_jobs_mode_runs_fresh_jobs_and_reports_their_spread(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "pyc10d.bench", "--jobs", "3", "--backends", "pyc10d-threaded",
+           "--ops", "all_reduce", "--world-sizes", "2", "--min-bytes", "64", "--max-bytes", "64",
+           "--extra-sizes", "64", "--iters", "3", "--out", str(tmp_path), "--name", "jobs", "--timeout", "15"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=45)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    records = json.loads((tmp_path / "jobs.json").read_text())
+    runs = [r for r in records if r.get("kind") == "collective"]
+    assert sorted(r["job"] for r in runs) == [1, 2, 3] and all(r["correct"] for r in runs)
+    (row,) = [r for r in records if r.get("kind") == "spread"]
+    assert row["times_us"] == sorted(r["time_us"] for r in runs)
+    assert "(job 3/3)" in proc.stdout and "slowest/fastest" in proc.stdout

@@ -61,6 +61,24 @@ def test_the_driver_prints_mpi_ratios(tmp_path: Path) -> None:
     assert {r["backend"] for r in recs if r.get("kind") == "collective"} == {"pyc10d-threaded", "mpi"}
 
 
+def test_tcp_rows_are_compared_with_open_mpi_over_tcp(tmp_path: Path) -> None:
+    """With a pyc10d backend that crosses a network (tcp), ``--peer mpi`` also runs Open MPI
+    forced onto its TCP transport, and the tcp rows' time ratio is against that run."""
+    from pyc10d.bench.report import c_reference
+
+    assert c_reference("pyc10d-tcp", ["pyc10d-tcp", "mpi", "mpi-tcp"]) == "mpi-tcp"
+    assert c_reference("pyc10d-shm", ["pyc10d-shm", "mpi", "mpi-tcp"]) == "mpi"
+    cmd = [sys.executable, "-m", "pyc10d.bench", "--backends", "pyc10d-tcp", "--peer", "mpi",
+           "--ops", "all_reduce", "--world-sizes", "2", "--max-bytes", "32", "--iters", "4",
+           "--rounds", "1", "--out", str(tmp_path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=50, env=ENV)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "pyc10d-tcp t/mpi-tcp" in res.stdout and "== mpi-tcp, world size 2" in res.stdout, res.stdout
+    recs = [r for r in json.loads((tmp_path / "latest.json").read_text()) if r.get("kind") == "collective"]
+    assert {r["backend"] for r in recs} == {"pyc10d-tcp", "mpi", "mpi-tcp"}
+    assert all(r["correct"] for r in recs)
+
+
 def test_an_mpi_rank_does_not_import_torch() -> None:
     """``python -m pyc10d.bench.mpi_worker`` needs numpy and mpi4py only: the pyc10d package
     leaves its API (and torch, 2-2.5 s of CPU a rank) out of such a process."""

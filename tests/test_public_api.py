@@ -27,7 +27,6 @@ ABSENT = {
     "DebugLevel", "get_debug_level", "set_debug_level", "set_debug_level_from_env",  # pyc10d's
     # checks always run (TORCH_DISTRIBUTED_DEBUG=DETAIL's consistency checks are its default)
     "breakpoint", "record_comm",  # pdb on one rank; profiler titles of NCCL/Gloo works
-    "shrink_group",  # NCCL's ncclCommShrink; survivors re-initialise (abort_process_group)
     "GroupName", "RankType",  # type aliases
     "log", "timedelta",  # names torch.distributed imports for itself
 }

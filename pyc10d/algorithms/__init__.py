@@ -9,65 +9,108 @@ from __future__ import annotations
 
 from torch.autograd import profiler as _torch_profiler
 
-from . import profiling, segments
+from . import cost, profiling, segments
+from .allgather_bruck import allgather_bruck
 from .allgather_direct import allgather_direct
+from .allgather_recursive_doubling import allgather_recursive_doubling
 from .allgather_ring import allgather_ring
 from .allgather_shm_chunked import allgather_shm_chunked, allgather_shm_flat_step
 from .allreduce_direct import allreduce_direct
+from .allreduce_rabenseifner import allreduce_rabenseifner
+from .allreduce_recursive_doubling import allreduce_recursive_doubling
 from .allreduce_ring import allreduce_ring
 from .allreduce_shm_flat import allreduce_shm_flat, allreduce_shm_flat_step
 from .allreduce_shm_rsag import allreduce_shm_rsag
 from .alltoall_pairwise import alltoall_pairwise
 from .alltoall_shm_chunked import alltoall_shm_chunked, alltoall_shm_even_step
 from .barrier_direct import barrier_direct
+from .barrier_dissemination import barrier_dissemination
 from .barrier_shm_counter import barrier_shm_counter, barrier_shm_step
+from .broadcast_binomial import broadcast_binomial
 from .broadcast_chain import broadcast_chain
 from .broadcast_direct import broadcast_direct
 from .broadcast_scatter_allgather import broadcast_scatter_allgather
+from .broadcast_scatter_doubling import broadcast_scatter_doubling
 from .broadcast_shm_chunked import broadcast_shm_chunked, broadcast_shm_flat_step
 from .comm import Comm
 from .gather_direct import gather_direct
+from .reduce_binomial import reduce_binomial
 from .reduce_direct import reduce_direct
+from .reduce_rabenseifner import reduce_rabenseifner
 from .reduce_ring import reduce_ring
 from .reduce_scatter_direct import reduce_scatter_direct
+from .reduce_scatter_halving import reduce_scatter_halving
 from .reduce_scatter_ring import reduce_scatter_ring
 from .reduce_scatter_shm_chunked import reduce_scatter_shm_chunked, reduce_scatter_shm_flat_step
 from .scatter_direct import scatter_direct
 from .shm_comm import ShmComm
 
-# Below these sizes (bytes per rank) one flat round beats the 2(n-1) steps of a ring.
+# At n <= SMALL_WORLD, the choices measured on this project's hosts (tcp, 2-4 ranks): below
+# these sizes (bytes per rank) one flat round beats the 2(n-1) steps of a ring.
+SMALL_WORLD = 4
 SMALL_ALLREDUCE = 256 * 1024
 SMALL_BROADCAST = 512 * 1024
 SMALL_REDUCE_SCATTER = 128 * 1024
 SMALL_ALLGATHER = 64 * 1024
 
+# Above SMALL_WORLD, the cost model (``cost``) picks: its parameters are a 10 Gb/s network's
+# (``pyc10d.sim`` fits them to a host from a ping-pong); patch MODEL to retune every choice.
+MODEL = cost.Model()
+_FNS: dict[str, object] = {}
+_CHOSEN: dict[tuple[str, int, int], object] = {}
 
-def select(collective: str, world_size: int, nbytes: int):  # noqa: ANN201
-    """Return the algorithm for ``collective`` at this world size and message size (inside
-    a ``pyc10d:<algorithm>`` profiler range while a profiler runs, see ``profiling``; the
-    check is inline, one attribute read, so that no wrapper call is paid when off)."""
+
+def _by_model(collective: str, world_size: int, nbytes: int):  # noqa: ANN202
+    key = (collective, world_size, nbytes)
+    fn = _CHOSEN.get(key)
+    if fn is None:
+        fn = _FNS[cost.cheapest(collective, world_size, nbytes, MODEL, segments.SEGMENT_BYTES)]
+        if len(_CHOSEN) > 4096:  # a bounded cache: sizes vary with the caller's tensors
+            _CHOSEN.clear()
+        _CHOSEN[key] = fn
+    return fn
+
+
+def _small_world(collective: str, world_size: int, nbytes: int):  # noqa: ANN202
     small = world_size <= 2
     if collective == "allreduce":
-        fn = allreduce_direct if nbytes <= SMALL_ALLREDUCE else allreduce_ring
-    elif collective == "broadcast":
+        return allreduce_direct if nbytes <= SMALL_ALLREDUCE else allreduce_ring
+    if collective == "broadcast":
         if small or nbytes <= SMALL_BROADCAST:
-            fn = broadcast_direct
+            return broadcast_direct
         # The chain moves fewer bytes in all ((n-1)S against about nS), but fills its pipeline
         # in n-1 hops of a segment: worth it once the message spans n-2 segments. Measured
         # on tcp, n=4 on 2 cores: 2 MiB 2.2 ms vs 2.6, 8 MiB 8.0 vs 8.6-8.8, 64 MiB 48-58 vs
         # 61-66 (scatter + all-gather).
-        elif nbytes >= (world_size - 2) * segments.SEGMENT_BYTES:
-            fn = broadcast_chain
-        else:
-            fn = broadcast_scatter_allgather
-    elif collective == "reduce":
-        fn = reduce_direct if small or nbytes <= SMALL_ALLREDUCE else reduce_ring
-    elif collective == "reduce_scatter":
-        fn = reduce_scatter_direct if nbytes <= SMALL_REDUCE_SCATTER else reduce_scatter_ring
-    elif collective == "allgather":
-        fn = allgather_direct if nbytes <= SMALL_ALLGATHER else allgather_ring
+        if nbytes >= (world_size - 2) * segments.SEGMENT_BYTES:
+            return broadcast_chain
+        return broadcast_scatter_allgather
+    if collective == "reduce":
+        return reduce_direct if small or nbytes <= SMALL_ALLREDUCE else reduce_ring
+    if collective == "reduce_scatter":
+        return reduce_scatter_direct if nbytes <= SMALL_REDUCE_SCATTER else reduce_scatter_ring
+    if collective == "allgather":
+        return allgather_direct if nbytes <= SMALL_ALLGATHER else allgather_ring
+    if collective == "barrier":
+        return barrier_direct
+    raise KeyError(collective)
+
+
+def select(collective: str, world_size: int, nbytes: int):  # noqa: ANN201
+    """Return the algorithm for ``collective`` at this world size and message size (inside
+    a ``pyc10d:<algorithm>`` profiler range while a profiler runs, see ``profiling``; the
+    check is inline, one attribute read, so that no wrapper call is paid when off).
+
+    ``nbytes``: the tensor's bytes per rank (all_reduce, broadcast, reduce), one rank's
+    block (all_gather, reduce_scatter), 0 for a barrier. Up to ``SMALL_WORLD`` ranks the
+    measured thresholds above decide; beyond, the least time in ``cost``'s model.
+    """
+    if world_size <= SMALL_WORLD:
+        fn = _small_world(collective, world_size, nbytes)
     else:
-        raise KeyError(collective)
+        if collective not in cost.COSTS:
+            raise KeyError(collective)
+        fn = _by_model(collective, world_size, nbytes)
     return profiling.algorithm(fn) if _torch_profiler._is_profiler_enabled else fn
 
 
@@ -106,6 +149,13 @@ def select_shm(collective: str, world_size: int, nbytes: int, slot_bytes: int): 
     return profiling.algorithm(fn) if _torch_profiler._is_profiler_enabled else fn
 
 
+_FNS.update({fn.__name__: fn for fn in (
+    allreduce_direct, allreduce_ring, allreduce_recursive_doubling, allreduce_rabenseifner,
+    reduce_scatter_direct, reduce_scatter_ring, reduce_scatter_halving, allgather_direct,
+    allgather_ring, allgather_bruck, allgather_recursive_doubling, broadcast_direct,
+    broadcast_binomial, broadcast_scatter_allgather, broadcast_scatter_doubling, broadcast_chain,
+    reduce_direct, reduce_binomial, reduce_rabenseifner, reduce_ring, barrier_direct, barrier_dissemination)})
+
 __all__ = [
     "Comm", "select", "allgather_direct", "allgather_ring", "allreduce_direct", "allreduce_ring",
     "alltoall_pairwise", "barrier_direct", "broadcast_chain", "broadcast_direct",
@@ -117,4 +167,8 @@ __all__ = [
     # the lean lane's single-phase steps (``backends/lane.py``)
     "allreduce_shm_flat_step", "allgather_shm_flat_step", "broadcast_shm_flat_step", "reduce_scatter_shm_flat_step",
     "barrier_shm_step", "alltoall_shm_even_step",
+    # logarithmic algorithms (chosen above SMALL_WORLD by ``cost``)
+    "allreduce_recursive_doubling", "allreduce_rabenseifner", "reduce_scatter_halving",
+    "allgather_recursive_doubling", "allgather_bruck", "broadcast_binomial",
+    "broadcast_scatter_doubling", "reduce_binomial", "reduce_rabenseifner", "barrier_dissemination", "cost", "MODEL",
 ]

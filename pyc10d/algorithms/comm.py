@@ -13,7 +13,13 @@ import time
 import torch
 from torch.autograd import profiler as _torch_profiler
 
-from ..errors import DistBackendError, DistTimeoutError, with_message, with_torch_phrase
+from ..errors import (
+    DistBackendError,
+    DistNetworkError,
+    DistTimeoutError,
+    with_message,
+    with_torch_phrase,
+)
 from ..transport.base import ANY_SOURCE, RecvHandle, Transport
 from ..types import RedOpType, ReduceOp
 from . import profiling
@@ -140,6 +146,8 @@ class PendingRecv:
             else:
                 nbytes, meta = self.handle.wait(c.remaining())
         except DistTimeoutError as e:
+            if isinstance(e, DistNetworkError):  # a silent peer (``keepalive``), not this wait's timeout
+                raise with_message(e, f"{c.op}: rank {c.rank}: {with_torch_phrase(e, str(e))}") from None
             source = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
             detail = f"rank {c.rank} timed out after {c.timeout:.1f}s waiting for data from {source}"
             raise DistTimeoutError(f"{c.op}: {with_torch_phrase(e, detail)}") from None

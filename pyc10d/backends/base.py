@@ -571,6 +571,16 @@ class Engine:
         ``new_group`` costs no new connections. A backend that composes engines overrides it."""
         return type(self)(self.transport, [self.ranks[r] for r in ranks], rank, group_name, options)
 
+    #: torch's ``Backend.supports_shrinking``: every engine can (``shrink``).
+    supports_shrinking = True
+
+    def shrink(self, ranks_to_exclude: list[int], shrink_flags: int = 0, opts_override: Any = None) -> Engine:
+        """torch's ``Backend.shrink``: the engine of this group's ranks less ``ranks_to_exclude``,
+        derived over the same transports (``backends.shrink``)."""
+        from .shrink import shrink_engine  # (it builds on this module)
+
+        return shrink_engine(self, ranks_to_exclude, shrink_flags, opts_override)
+
     # -- point to point ---------------------------------------------------------------------
     def _p2p_channel(self, tag: int) -> int:
         return (self.group_key << 32) | _P2P_BIT | (tag & 0x7FFFFFFF)

@@ -180,7 +180,7 @@ class P2POps(Engine):
         return self._submit("barrier", self._barrier, [], opts, _sync)
 
     def _barrier(self, comm: algo.Comm) -> None:
-        algo.barrier_direct(comm)
+        algo.select("barrier", comm.size, 0)(comm)
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
         """Rank 0 collects a token from every rank, then releases them; names the missing ranks.

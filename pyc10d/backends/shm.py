@@ -30,7 +30,7 @@ from ..algorithms.comm import flat
 from ..algorithms.reduce_ops import finish, premultiply
 from ..errors import DistBackendError, DistInputError
 from ..store.base import Store
-from ..transport import futex
+from ..transport import cpus, futex
 from ..transport.shm import ShmTransport
 from ..transport.shm_arena import Arena
 from ..transport.shm_segment import Segment, new_name
@@ -85,6 +85,11 @@ class ShmBackend(Backend):
     @classmethod
     def create(cls, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ShmBackend:
         transport = ShmTransport(store, rank, size, timeout)
+        # Each rank of the host on CPUs of its own (``cpus.place``; ``PYC10D_BIND=none`` not):
+        # left to the kernel, some jobs ran large collectives at half speed throughout.
+        mine = cpus.place(rank, size)
+        if mine is not None and torch.get_num_threads() > len(mine):
+            torch.set_num_threads(len(mine))  # (torch sized its pool for the whole machine)
         return cls(transport, list(range(size)), rank, group_name, Options(timeout), owns_transport=True)
 
     # -- the arena ----------------------------------------------------------------------

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pyc10d.bench import metrics, report, timing
+from pyc10d.bench import jobs, metrics, report, timing
 from pyc10d.bench.launch import free_port
 from pyc10d.bench.worker import in_threads
 from pyc10d.transport.cpus import usable_cpus
@@ -81,8 +81,11 @@ def run_job(backend: str, world_size: int, ops: list[str], sizes: list[int], ite
     if dtype != "float32":  # (the MPI worker, float32 only, is never asked for another)
         job += ["--dtype", dtype]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    if backend == "mpi":  # the C reference, under Open MPI's own launcher
-        cmd = [mpirun(), "--oversubscribe", "-np", str(world_size), sys.executable, "-m",
+    if backend in report.C_PEERS:  # the C reference, under Open MPI's own launcher
+        # mpi-tcp: the same ranks forced onto Open MPI's TCP transport (no shared memory), the
+        # reference for pyc10d's tcp rows: the same transport in C.
+        mca = ["--mca", "btl", "tcp,self", "--mca", "pml", "ob1"] if backend == "mpi-tcp" else []
+        cmd = [mpirun(), "--oversubscribe", *mca, "-np", str(world_size), sys.executable, "-m",
                "pyc10d.bench.mpi_worker", *job]
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     elif in_threads(backend):  # one process, its ranks are threads
@@ -135,7 +138,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "default pyc10d-shm,pyc10d-tcp,pyc10d-threaded,gloo")
     p.add_argument("--peer", type=csv, default=[], metavar="mpi",
                    help="also run the C reference: 'mpi' (Open MPI through mpi4py, launched by "
-                   "its mpirun; pyc10d / MPI time ratios are printed beside the Gloo ones)")
+                   "its mpirun; pyc10d / MPI time ratios are printed beside the Gloo ones); "
+                   "with a pyc10d tcp or hier backend it runs twice, the second time forced "
+                   "onto TCP ('mpi-tcp': --mca btl tcp,self --mca pml ob1), the reference of "
+                   "those rows")
     p.add_argument("--ops", type=csv, default=metrics.DEFAULT_OPS,
                    help=f"some of {','.join(metrics.OPS)}; default all but reduce")
     p.add_argument("--world-sizes", type=lambda s: [int(x) for x in csv(s)], default=[2, 4])
@@ -159,15 +165,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2,
                    help="run every job this many times, interleaved, and keep each figure's "
                    "fastest round (default 2)")
+    p.add_argument("--jobs", type=int, default=0, metavar="N",
+                   help="run every backend and world size as N fresh jobs (interleaved) and "
+                   "report the spread across jobs: fastest, median, slowest (instead of the "
+                   "best of --rounds); use with one or two sizes, e.g. --min-bytes 16M "
+                   "--max-bytes 64M")
     p.add_argument("--timeout", type=float, default=900, help="seconds per job (default 900)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--name", help="file name stem (default bench-<date>-<time>)")
     p.add_argument("--from-json", type=Path, metavar="FILE",
                    help="only re-print the tables and re-draw the plot of a saved run")
     args = p.parse_args(argv)
-    args.backends += [b for b in args.peer if b not in args.backends]
     if any(b != "mpi" for b in args.peer):
         p.error("--peer: only 'mpi' is known")
+    if args.peer and any(b in report.OVER_TCP for b in args.backends):
+        args.peer = [*args.peer, "mpi-tcp"]
+    args.backends += [b for b in args.peer if b not in args.backends]
     cpus = usable_cpus()
     over = [w for w in args.world_sizes if w > cpus] if args.mode == "spaced" else []
     if over:  # the gap is busy work on every rank: ranks sharing a core would time each other's
@@ -183,6 +196,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.dtype == "bfloat16" and max(args.world_sizes) > metrics.BFLOAT16_MAX_WORLD:
         p.error(f"--dtype bfloat16: world sizes up to {metrics.BFLOAT16_MAX_WORLD} (above, the checked "
                 "values, up to n * n, are not exact in bfloat16)")
+    if args.jobs < 0 or (args.jobs and args.from_json):
+        p.error("--jobs: a positive count of fresh jobs (and not with --from-json)")
     args.ops = [metrics.ALIASES.get(op, op) for op in args.ops]
     bad = [op for op in args.ops if op not in metrics.BUS_FACTOR]
     if bad:
@@ -228,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     records.append(mem)
     failed = False
     rounds: list[dict[str, Any]] = []
+    if args.jobs:
+        return _jobs_main(args, sizes, records)
     with tempfile.TemporaryDirectory(prefix="pyc10d-bench-") as tmp:
         # World size outermost and every backend once per round: the jobs compared in one
         # table run minutes apart at most, and a burst of load on a shared host hits one
@@ -260,6 +277,26 @@ def main(argv: list[str] | None = None) -> int:
         if path.name != f"latest{path.suffix}":
             shutil.copyfile(path, path.with_name(f"latest{path.suffix}"))
     print("\nwrote " + ", ".join(map(str, outputs)) + " (and latest.* copies)")
+    return 1 if failed else 0
+
+
+def _jobs_main(args: argparse.Namespace, sizes: list[int], records: list[dict[str, Any]]) -> int:
+    """``--jobs N``: every job's figure kept, the spread across jobs printed and plotted."""
+    with tempfile.TemporaryDirectory(prefix="pyc10d-bench-") as tmp:
+        def one_job(backend: str, ws: int) -> tuple[list[dict[str, Any]], str | None]:
+            return run_job(backend, ws, args.ops, sizes, args.iters, args.timeout, Path(tmp),
+                           args.mode, args.dtype)
+
+        recs, failed = jobs.run(one_job, args.jobs, args.backends, args.world_sizes)
+    rows = jobs.spread(recs)
+    print("\n" + jobs.table(rows))
+    failed = failed or not all(r["correct"] for r in rows)
+    stem = args.out / (args.name or f"jobs-{records[0]['time']}")
+    report.write_json([*records, *recs, *({"kind": "spread", **r} for r in rows)], stem.with_suffix(".json"))
+    wrote = [stem.with_suffix(".json")]
+    if jobs.plot(rows, stem.with_suffix(".png")):
+        wrote.append(stem.with_suffix(".png"))
+    print("\nwrote " + ", ".join(map(str, wrote)))
     return 1 if failed else 0
 
 

@@ -126,7 +126,7 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
             med = statistics.median(times)
             algbw, busbw = metrics.bandwidths(op, size, med, n)
             records.append({
-                "kind": "collective", "backend": "mpi", "op": op, "mode": args.mode, "world_size": n,
+                "kind": "collective", "backend": args.backend, "op": op, "mode": args.mode, "world_size": n,
                 "bytes": size, "count": count, "dtype": "float32", "iters": k * reps,
                 "ops_per_loop": k, "loops": reps, "time_us": med * 1e6,
                 "mean_us": statistics.fmean(times) * 1e6, "min_us": min(times) * 1e6,
@@ -147,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--out", required=True)
     p.add_argument("--mode", choices=timing.BLOCKING_MODES, default="loop")
-    args, _ = p.parse_known_args(argv)  # the driver's other options (--backend) too
+    p.add_argument("--backend", default="mpi", choices=("mpi", "mpi-tcp"),
+                   help="the name its records carry: mpi-tcp when the driver forced Open MPI onto TCP")
+    args, _ = p.parse_known_args(argv)  # the driver's other options too
     records = bench(args)
     from mpi4py import MPI
 

@@ -1,11 +1,14 @@
 """The performance tables of ``docs/performance.md``, generated from a committed reference run.
 
-``python -m pyc10d.bench.readme benchmarks/reference/<run>.json [--write docs/performance.md]``
-prints (or writes between the document's ``<!-- bench-tables:begin -->`` and ``<!-- bench-tables:end
--->`` lines) markdown made only from that file: the run's conditions and memcpy bound, every
-op's latency per backend and world size with the ratio to Gloo, and every (op, size, world
-size) at which a pyc10d backend was slower than Gloo. Nothing is typed in by hand, so the
-document cannot drift from the file it cites.
+``python -m pyc10d.bench.readme benchmarks/reference/<run>.json [--write docs/performance.md]
+[--headline README.md]`` prints (or writes between the document's ``<!-- bench-tables:begin -->``
+and ``<!-- bench-tables:end -->`` lines) markdown made only from that file: the run's conditions
+and memcpy bound, every op's latency per backend and world size with the ratio to Gloo, and
+every (op, size, world size) at which a pyc10d backend was slower than Gloo. ``--headline``
+writes the README's one table (all_reduce at a few sizes: pyc10d, Gloo and Open MPI from the
+same run) between ``<!-- bench-headline:begin -->`` and ``<!-- bench-headline:end -->``.
+Nothing is typed in by hand, so neither document can drift from the file it cites
+(``tests/test_docs.py`` regenerates both and compares).
 """
 
 from __future__ import annotations
@@ -19,6 +22,12 @@ from pyc10d.bench.metrics import format_size
 from pyc10d.bench.report import C_PEER, REFERENCE, collectives, read_json
 
 BEGIN, END = "<!-- bench-tables:begin -->", "<!-- bench-tables:end -->"
+HEADLINE_BEGIN, HEADLINE_END = "<!-- bench-headline:begin -->", "<!-- bench-headline:end -->"
+#: The README's table: all_reduce at these sizes, each world size of the run.
+HEADLINE_OP, HEADLINE_SIZES = "all_reduce", (8, 32 << 10, 2 << 20, 64 << 20)
+#: Its columns: (backend in the records, heading).
+HEADLINE_COLUMNS = (("pyc10d-shm", "pyc10d shm"), ("pyc10d-tcp", "pyc10d tcp"), (REFERENCE, "Gloo"),
+                    (C_PEER, "Open MPI"))
 PYC10D = ("pyc10d-shm", "pyc10d-tcp", "pyc10d-threaded")
 #: Compared with the C reference (Open MPI over its shared-memory transport) when the run has it.
 C_COMPARED = "pyc10d-shm"
@@ -83,24 +92,47 @@ def markdown(records: list[dict[str, Any]], source: str) -> str:
     return "\n".join(out)
 
 
-def write_into(readme: Path, text: str) -> None:
+def headline(records: list[dict[str, Any]], source: str) -> str:
+    """The README's table: µs per all_reduce of each backend and Open MPI, one run."""
+    meta = next((r for r in records if r.get("kind") == "meta"), {})
+    by = {(r["backend"], r["world_size"], r["bytes"]): r for r in collectives(records) if r["op"] == HEADLINE_OP}
+    cols = [(b, name) for b, name in HEADLINE_COLUMNS if any(k[0] == b for k in by)]
+    out = [f"| {HEADLINE_OP} | ranks | " + " | ".join(f"{name} µs" for _, name in cols) + " |",
+           "| ---: | ---: | " + " | ".join("---:" for _ in cols) + " |"]
+    for ws in sorted({k[1] for k in by}):
+        for size in HEADLINE_SIZES:
+            cells = [by.get((b, ws, size)) for b, _ in cols]
+            if any(cells):
+                out.append(f"| {format_size(size)} | {ws} | " + " | ".join(
+                    "-" if c is None else _us(c["time_us"]) + ("" if c.get("correct", True) else " (wrong!)")
+                    for c in cells) + " |")
+    out.append(f"\nFrom `{source}` ({meta.get('time', '?')}, {meta.get('cpus', '?')} CPUs, float32, "
+               f"back to back, every result checked; lower is faster).")
+    return "\n".join(out)
+
+
+def write_into(readme: Path, text: str, begin: str = BEGIN, end: str = END) -> None:
     doc = readme.read_text()
-    if BEGIN not in doc or END not in doc:
-        raise SystemExit(f"{readme} has no {BEGIN} ... {END} block")
-    head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    if begin not in doc or end not in doc:
+        raise SystemExit(f"{readme} has no {begin} ... {end} block")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("json", type=Path)
     ap.add_argument("--write", type=Path, metavar="DOC", help="replace the generated block in this file")
+    ap.add_argument("--headline", type=Path, metavar="README", help="replace the headline table in this file")
     args = ap.parse_args(argv)
-    text = markdown(read_json(args.json), args.json.as_posix())
+    records = read_json(args.json)
+    text = markdown(records, args.json.as_posix())
     if args.write:
         write_into(args.write, text)
-    else:
+    if args.headline:
+        write_into(args.headline, headline(records, args.json.as_posix()), HEADLINE_BEGIN, HEADLINE_END)
+    if not args.write and not args.headline:
         print(text)
     return 0
 

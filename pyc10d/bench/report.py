@@ -22,6 +22,19 @@ REFERENCE = "gloo"
 #: The C reference (``--peer mpi``): its column is a *time* ratio, pyc10d's latency over MPI's
 #: (lower is better; the targets are phrased that way: "8 B within 3x of Open MPI").
 C_PEER = "mpi"
+#: Open MPI forced onto TCP (``--mca btl tcp,self``): the C reference of the rows that cross
+#: a network in pyc10d (``OVER_TCP``), the same transport in C; the others are compared with
+#: Open MPI as it runs by default (shared memory on one host).
+C_PEER_TCP = "mpi-tcp"
+C_PEERS = (C_PEER, C_PEER_TCP)
+OVER_TCP = ("pyc10d-tcp", "pyc10d-hier")
+
+
+def c_reference(backend: str, backends: Sequence[str]) -> str | None:
+    """The C reference ``backend``'s time is compared with in a run of ``backends``."""
+    if backend in OVER_TCP and C_PEER_TCP in backends:
+        return C_PEER_TCP
+    return C_PEER if C_PEER in backends else None
 
 
 def _fmt(x: float | None, spec: str = ".3g") -> str:
@@ -55,11 +68,11 @@ def table(records: Sequence[Record], op: str, world_size: int,
     sizes = sorted({b for _, b in by_key})
     ours = [b for b in backends if b.startswith("pyc10d-")]
     ratio_of = ours if REFERENCE in backends else []
-    time_of = ours if C_PEER in backends else []
+    time_of = [(b, c_reference(b, backends)) for b in ours if c_reference(b, backends)]
     header = ["size"]
     for b in backends:
         header += [f"{b} us", "algbw", "busbw"]
-    header += [f"{b}/{REFERENCE}" for b in ratio_of] + [f"{b} t/{C_PEER}" for b in time_of]
+    header += [f"{b}/{REFERENCE}" for b in ratio_of] + [f"{b} t/{c}" for b, c in time_of]
     rows = []
     for size in sizes:
         row = [format_size(size)]
@@ -74,15 +87,15 @@ def table(records: Sequence[Record], op: str, world_size: int,
             r = by_key.get((b, size))
             ok = r and ref and ref["busbw_GBps"] > 0
             row.append(_fmt(r["busbw_GBps"] / ref["busbw_GBps"], ".2f") if ok else "-")
-        peer = by_key.get((C_PEER, size))
-        for b in time_of:
-            r = by_key.get((b, size))
+        for b, c in time_of:
+            r, peer = by_key.get((b, size)), by_key.get((c, size))
             row.append(_fmt(r["time_us"] / peer["time_us"], ".2f") if r and peer and peer["time_us"] > 0 else "-")
         rows.append(row)
     dtypes = ", ".join(sorted({r.get("dtype", "float32") for r in by_key.values()}))
     title = (f"{op}, world size {world_size}, {dtypes}  (us = median latency; algbw, busbw in GB/s; "
              f"/{REFERENCE} = busbw / {REFERENCE}'s, higher is better"
-             + (f"; t/{C_PEER} = latency / Open MPI's, lower is better)" if time_of else ")"))
+             + (f"; t/{C_PEER} = latency / Open MPI's, lower is better; t/{C_PEER_TCP}: / Open MPI's "
+                "over TCP)" if time_of else ")"))
     return title + "\n" + _render(header, rows)
 
 

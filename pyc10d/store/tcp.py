@@ -4,11 +4,13 @@ This module is the client (``TCPStore``); the server is ``tcp_server`` (one even
 every connection) and the frames both speak are ``wire``. A blocking get/wait is parked by
 the server, which also enforces its timeout and answers TIMEOUT; the client's socket timeout
 is only a backstop for a hung server. A dead server surfaces as DistStoreError. With
-``PYC10D_AUTH_TOKEN`` set, each connection first passes the handshake of ``pyc10d.auth``.
+``PYC10D_AUTH_TOKEN`` set, each connection first passes the handshake of ``pyc10d.auth``;
+with ``PYC10D_TLS_*`` set, the connection is TLS (``pyc10d.tls``) from its first byte.
 """
 
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 import threading
@@ -16,8 +18,9 @@ import time
 import weakref
 from datetime import timedelta
 
-from .. import auth
+from .. import auth, keepalive, tls
 from ..errors import DistNetworkError, DistStoreError
+from ..hostport import unbracket
 from . import wire
 from .base import (
     Store,
@@ -44,7 +47,11 @@ def _kernel_timeout(sock: socket.socket, seconds: float | None) -> None:
     (``SO_SNDTIMEO``/``SO_RCVTIMEO``), the socket staying blocking for Python: a Python
     socket timeout polls before each call, two system calls and two GIL hand-offs more per
     request, and the clients' CPU is what limits a busy store. A call that runs out fails
-    with ``BlockingIOError`` (EAGAIN)."""
+    with ``BlockingIOError`` (EAGAIN). A TLS socket takes Python's timeout instead
+    (``TimeoutError``)."""
+    if tls.is_tls(sock):  # ``ssl`` retries a blocking read that the kernel's bound ended
+        sock.settimeout(seconds)
+        return
     micros = 0 if seconds is None else max(1, int(seconds * 1e6))  # (0 means no bound)
     tv = _TIMEVAL.pack(*divmod(micros, 1_000_000))
     for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
@@ -68,13 +75,14 @@ def dial(host: str, port: int, secs: float | None) -> socket.socket:
                 f"trying to connect to ({host}, {port}): {last}"
             ) from last
         try:
-            sock = socket.create_connection((host, port), timeout=left)
+            sock = socket.create_connection((unbracket(host), port), timeout=left)
             break
         except OSError as e:  # refused (server not up yet), DNS failure, ...
             last = e
         time.sleep(delay if left is None else max(0.0, min(delay, left)))
         delay = min(delay * 2, 1.0)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    keepalive.apply(sock, keepalive.peer_timeout())
     sock.settimeout(None)
     return sock
 
@@ -128,6 +136,9 @@ class TCPStore(Store):
         """Dial the server (``dial``), then pass the auth handshake if a token is set."""
         deadline = None if secs is None else time.monotonic() + secs
         sock = dial(self._host, self._port, secs)
+        left = None if deadline is None else deadline - time.monotonic()
+        sock = tls.wrap_client(sock, f"TCPStore: connecting to the server at {self._host}:{self._port}",
+                               max(1.0, min(left or tls.HANDSHAKE_TIMEOUT_S, tls.HANDSHAKE_TIMEOUT_S)))
         secret = auth.token()
         if secret is not None:
             left = None if deadline is None else deadline - time.monotonic()
@@ -169,11 +180,16 @@ class TCPStore(Store):
             except auth.AuthError as e:
                 self._give_up(str(e))
                 raise
-            except BlockingIOError as e:  # the kernel's deadline (``_kernel_timeout``) passed
-                self._give_up(
-                    f"TCPStore got no answer from the server at {self._host}:{self._port} within "
-                    f"{limit:g} s; the server is stuck or unreachable"
-                )
+            except (TimeoutError, *tls.WOULD_BLOCK) as e:  # ``_kernel_timeout``'s deadline passed
+                if e.errno == errno.ETIMEDOUT:  # the kernel's keepalive or user timeout gave up
+                    self._give_up(
+                        f"TCPStore: Timed out: the server at {self._host}:{self._port} stopped answering "
+                        f"for {keepalive.peer_timeout() or 0:g}s ({keepalive.ENV}): unreachable ({e})")
+                else:
+                    self._give_up(
+                        f"TCPStore got no answer from the server at {self._host}:{self._port} within "
+                        f"{limit or 0:g} s; the server is stuck or unreachable"
+                    )
                 raise DistStoreError(self._broken) from e
             except (OSError, wire.BadFrame) as e:
                 self._give_up(

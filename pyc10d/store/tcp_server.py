@@ -15,6 +15,8 @@ from it once it holds ``_STALLED_CAP`` bytes unanswered. Malformed input closes 
 connection alone, with a logged reason, after the answers it already earned are sent. With
 ``PYC10D_AUTH_TOKEN`` set each connection first passes ``auth.ServerHandshake`` (bounded by
 ``auth.HANDSHAKE_TIMEOUT_S``); a client without a token is told so in the plain protocol.
+With ``PYC10D_TLS_*`` set each connection is wrapped in TLS at accept and its handshake is
+driven by the loop like the rest (``tls.ServerHandshake``), before the token's handshake.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ import time
 from collections import deque
 from typing import Any
 
-from .. import auth
+from .. import auth, keepalive, tls
 from ..errors import DistNetworkError
+from ..hostport import format_hostport
 from . import wire
 
 _RECV = 64 * 1024  # under malloc's mmap threshold: a small answer costs no mmap/munmap
@@ -40,13 +43,13 @@ _STALLED_CAP = 1 << 20  # unanswered input a parked or write-blocked connection 
 _FLUSH_S = 10.0  # a closing connection's last answers get this long to leave
 _REFUSE_DRAIN = 16 * 65536  # bytes read from a refused client so its answer is not reset
 _MAX_SELECT_S = 60.0
-_AUTHING, _SERVING, _REFUSING, _CLOSING = range(4)
+_AUTHING, _SERVING, _REFUSING, _CLOSING, _TLS = range(5)
 log = logging.getLogger("pyc10d")
 
 
 def _addr(addr: object) -> str:
     if isinstance(addr, tuple) and len(addr) >= 2:
-        return f"{addr[0]}:{addr[1]}"
+        return format_hostport(str(addr[0]), addr[1])
     return str(addr)
 
 
@@ -54,14 +57,15 @@ class _Conn:
     """One client connection's state in the loop."""
 
     __slots__ = ("sock", "addr", "parser", "out", "state", "waiter", "hs", "events",
-                 "timer", "drained", "eof")
+                 "timer", "drained", "eof", "tls")
 
     def __init__(self, sock: socket.socket, addr: object, max_bytes: int,
-                 secret: bytes | None) -> None:
+                 secret: bytes | None, tls_hs: tls.ServerHandshake | None) -> None:
         self.sock, self.addr = sock, addr
         self.parser = wire.FrameParser(max_bytes, wire.SHAPES)
         self.out = bytearray()  # answers the kernel did not take yet
-        self.state = _SERVING if secret is None else _AUTHING
+        self.tls = tls_hs
+        self.state = _TLS if tls_hs is not None else _SERVING if secret is None else _AUTHING
         self.hs = None if secret is None else auth.ServerHandshake(secret)
         self.waiter: _Waiter | None = None
         self.events = selectors.EVENT_READ
@@ -98,6 +102,8 @@ class Server:
         self._runnable: list[_Conn] = []  # connections whose parked request was answered
         self._max_bytes = wire.max_part_bytes()
         self._secret = auth.token()  # fixed for the server's life, read once like its limits
+        self._tls = tls.context(server_side=True)
+        self._peer_timeout = keepalive.peer_timeout()
         self._stopping = False
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -124,6 +130,9 @@ class Server:
                             self._drain_wake()
                         continue
                     try:
+                        if conn.state == _TLS:
+                            self._tls_step(conn)
+                            continue
                         if events & selectors.EVENT_WRITE:
                             self._flush(conn)
                         if events & selectors.EVENT_READ and conn.state >= 0:
@@ -158,11 +167,36 @@ class Server:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, addr, self._max_bytes, self._secret)
+            keepalive.apply(sock, self._peer_timeout)  # a client's vanished host frees its slot
+            hs = tls.server_handshake(sock, self._tls)
+            conn = _Conn(hs.sock if hs else sock, addr, self._max_bytes, self._secret, hs)
             self._conns.add(conn)
-            self._sel.register(sock, selectors.EVENT_READ, conn)
-            if conn.state == _AUTHING:
+            self._sel.register(conn.sock, selectors.EVENT_READ, conn)
+            if conn.state in (_AUTHING, _TLS):
                 self._set_timer(conn, auth.HANDSHAKE_TIMEOUT_S)
+
+    def _tls_step(self, conn: _Conn) -> None:
+        """Drive ``conn``'s TLS handshake; once done it is served (or authenticated) as any."""
+        assert conn.tls is not None
+        try:
+            done = conn.tls.step()
+        except tls.TLSError as e:
+            if not self._stopping:
+                log.warning("TCPStore server on port %d: refused the connection from %s: %s",
+                            self.port, _addr(conn.addr), e)
+            self._close(conn, None)
+            return
+        if not done:
+            if conn.tls.events != conn.events:
+                self._sel.modify(conn.sock, conn.tls.events, conn)
+                conn.events = conn.tls.events
+            return
+        conn.tls = None
+        if conn.hs is None:
+            conn.state, conn.timer = _SERVING, -1
+        else:
+            conn.state = _AUTHING  # its timer runs on: the whole set-up has one deadline
+        self._update_events(conn)
 
     def _drain_wake(self) -> None:
         try:
@@ -174,7 +208,9 @@ class Server:
     def _on_readable(self, conn: _Conn) -> None:
         try:
             data = conn.sock.recv(_RECV)
-        except (BlockingIOError, InterruptedError):
+            while data and tls.buffered(conn.sock):  # decrypted already: no readiness event
+                data += conn.sock.recv(_RECV)
+        except (*tls.WOULD_BLOCK, InterruptedError):
             return
         except OSError:
             data = b""  # reset by the client: the same as its leaving
@@ -380,6 +416,10 @@ class Server:
                 self._unpark(obj)
                 self._send(obj.conn, self._answer(obj, wire.TIMEOUT))
                 self._runnable.append(obj.conn)
+            elif obj.state == _TLS:
+                log.warning("TCPStore server on port %d: refused the connection from %s: TLS "
+                            "handshake failed: %s", self.port, _addr(obj.addr), tls.describe(TimeoutError()))
+                self._close(obj, None)
             elif obj.state == _AUTHING:
                 assert obj.hs is not None
                 self._refused(obj, obj.hs.ended(timed_out=True))
@@ -393,7 +433,7 @@ class Server:
         if not conn.out:
             try:
                 sent = conn.sock.send(data)
-            except (BlockingIOError, InterruptedError):
+            except (*tls.WOULD_BLOCK, InterruptedError):
                 sent = 0
             except OSError:
                 return  # the client is gone; its read side will tell the loop
@@ -406,7 +446,7 @@ class Server:
     def _flush(self, conn: _Conn) -> None:
         try:
             sent = conn.sock.send(conn.out)
-        except (BlockingIOError, InterruptedError):
+        except (*tls.WOULD_BLOCK, InterruptedError):
             return
         except OSError:
             self._close(conn, None)

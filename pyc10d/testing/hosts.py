@@ -7,6 +7,11 @@ stack, hostname, ``/dev/shm`` and processes. ``Hosts(n)`` makes n of them:
   ``10.213.0.<i+1>/24``; its other end is a port of a bridge living in a further namespace
   (the switch). The addresses exist only inside these namespaces: nothing is added to, or
   sent through, the machine's own network namespace or interfaces;
+* ``Hosts(n, links=2)``: a second interface per host, ``eth1``, on a second bridge (a second
+  network: ``10.214.0.<i+1>/24``), as hosts with two NICs; ``ipv6_only=True``: the hosts'
+  interfaces have IPv6 addresses only, ``fd00:213::<i+1>/64`` (``fd00:214::`` on ``eth1``),
+  added without duplicate address detection (``nodad``: usable at once, not after 1-2 s);
+  ``lo`` keeps 127.0.0.1 and ::1, as on any IPv6-only machine;
 * processes started with ``Host.spawn`` run in the host's network namespace and, through
   ``unshare``, in a UTS namespace (``hostname`` is the host's name), a mount namespace with
   a private tmpfs on ``/dev/shm`` and a PID namespace. One ``spawn`` is one PID namespace:
@@ -35,6 +40,7 @@ from typing import Any
 from ..run import _die_with_parent
 
 SUBNET = "10.213.0"
+SUBNET6 = "fd00:213::"
 _COUNTER = itertools.count()
 # Inside the new namespaces: a private /dev/shm and the host's name, then the command.
 _ENTER = 'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname "$0" && exec "$@"'
@@ -91,14 +97,17 @@ def unavailable_reason() -> str | None:
 
 
 class Host:
-    """One namespace host: ``name`` (its hostname), ``addr`` (its address), ``netns``."""
+    """One namespace host: ``name`` (its hostname), ``addr`` (its address; ``addrs``: one
+    per interface of ``ifaces``), ``netns``."""
 
-    def __init__(self, index: int, netns: str) -> None:
+    def __init__(self, index: int, netns: str, links: int = 1, ipv6_only: bool = False) -> None:
         self.index = index
         self.name = f"h{index}"
         self.netns = netns
-        self.addr = f"{SUBNET}.{index + 1}"
-        self.iface = "eth0"
+        self.ifaces = [f"eth{j}" for j in range(links)]
+        self.prefixes = [_ipv6_subnet(j) if ipv6_only else _ipv4_subnet(j) for j in range(links)]
+        self.addrs = [f"{p}{index + 1}" if ipv6_only else f"{p}.{index + 1}" for p in self.prefixes]
+        self.addr, self.iface = self.addrs[0], self.ifaces[0]
         self.procs: list[subprocess.Popen[Any]] = []
 
     def command(self, argv: Sequence[str]) -> list[str]:
@@ -167,16 +176,26 @@ class Host:
                 pass
 
 
-class Hosts:
-    """``n`` namespace hosts joined by a bridge; a context manager that always cleans up."""
+def _ipv4_subnet(link: int) -> str:
+    return f"10.{213 + link}.0"
 
-    def __init__(self, n: int) -> None:
+
+def _ipv6_subnet(link: int) -> str:
+    return f"fd00:{213 + link}::"
+
+
+class Hosts:
+    """``n`` namespace hosts joined by ``links`` bridges (one per interface of a host); a
+    context manager that always cleans up. ``ipv6_only``: IPv6 addresses only."""
+
+    def __init__(self, n: int, links: int = 1, ipv6_only: bool = False) -> None:
         reason = unavailable_reason()
         if reason is not None:
             raise RuntimeError(f"pyc10d.testing.hosts: {reason}")
         tag = f"pyc10d-{os.getpid()}-{next(_COUNTER)}"
         self.switch = f"{tag}-sw"
-        self.hosts = [Host(i, f"{tag}-h{i}") for i in range(n)]
+        self.ipv6_only = ipv6_only
+        self.hosts = [Host(i, f"{tag}-h{i}", links, ipv6_only) for i in range(n)]
         self._namespaces: list[str] = []
         atexit.register(self.close)
         try:
@@ -192,17 +211,28 @@ class Hosts:
 
     def _build(self) -> None:
         self._netns(self.switch)
-        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.switch, "link", "set", "br0", "up")
+        links = len(self.hosts[0].ifaces) if self.hosts else 1
+        for j in range(links):
+            _ip("-n", self.switch, "link", "add", f"br{j}", "type", "bridge")
+            _ip("-n", self.switch, "link", "set", f"br{j}", "up")
         for h in self.hosts:
             self._netns(h.netns)
-            port = f"p{h.index}"
-            # Both ends are created straight inside their namespaces: never in the root one.
-            _ip("link", "add", h.iface, "netns", h.netns, "type", "veth", "peer", "name", port, "netns", self.switch)
-            _ip("-n", self.switch, "link", "set", port, "master", "br0")
-            _ip("-n", self.switch, "link", "set", port, "up")
-            _ip("-n", h.netns, "addr", "add", f"{h.addr}/24", "dev", h.iface)
-            _ip("-n", h.netns, "link", "set", h.iface, "up")
+            if self.ipv6_only:  # (a machine may default new namespaces to IPv6 off)
+                subprocess.run(["ip", "netns", "exec", h.netns, "sysctl", "-qw",
+                                "net.ipv6.conf.all.disable_ipv6=0", "net.ipv6.conf.default.disable_ipv6=0"],
+                               capture_output=True, check=True)
+            for j, (iface, addr) in enumerate(zip(h.ifaces, h.addrs)):
+                port = f"p{h.index}-{j}"
+                # Both ends are created straight inside their namespaces: never in the root one.
+                _ip("link", "add", iface, "netns", h.netns, "type", "veth", "peer", "name", port,
+                    "netns", self.switch)
+                _ip("-n", self.switch, "link", "set", port, "master", f"br{j}")
+                _ip("-n", self.switch, "link", "set", port, "up")
+                if self.ipv6_only:
+                    _ip("-n", h.netns, "addr", "add", f"{addr}/64", "dev", iface, "nodad")
+                else:
+                    _ip("-n", h.netns, "addr", "add", f"{addr}/24", "dev", iface)
+                _ip("-n", h.netns, "link", "set", iface, "up")
 
     def __getitem__(self, i: int) -> Host:
         return self.hosts[i]
@@ -217,7 +247,7 @@ class Hosts:
         self.close()
 
     def shape(self, delay_ms: float | None = None, rate: str | None = None) -> None:
-        """Every host's uplink: ``delay_ms`` one-way delay (netem), or a ``rate`` such as
+        """Every host's uplinks (each interface): ``delay_ms`` one-way delay (netem), or a ``rate`` such as
         ``"1gbit"`` (tbf). Each packet leaves exactly one host, so a delay d gives an RTT
         of 2d between hosts and nothing within a host."""
         if delay_ms is not None and rate is not None:
@@ -228,9 +258,9 @@ class Hosts:
             qdisc = ["tbf", "rate", rate, "burst", "512kb", "latency", "100ms"]
         else:
             return
-        for h in self.hosts:
+        for h, iface in ((host, i) for host in self.hosts for i in host.ifaces):
             try:
-                h.exec("tc", "qdisc", "replace", "dev", h.iface, "root", *qdisc)
+                h.exec("tc", "qdisc", "replace", "dev", iface, "root", *qdisc)
             except subprocess.CalledProcessError as e:
                 why = e.stderr.strip()
                 if "unknown" in why.lower():
@@ -248,4 +278,4 @@ class Hosts:
         atexit.unregister(self.close)
 
 
-__all__ = ["SUBNET", "Host", "Hosts", "ShapingUnsupported", "unavailable_reason"]
+__all__ = ["SUBNET", "SUBNET6", "Host", "Hosts", "ShapingUnsupported", "unavailable_reason"]

@@ -27,6 +27,7 @@ import torch.distributed as tdist
 from ..process_group import make_engine
 from ..store.base import Store, resolve_timeout, store_chain, wait_timeout_error
 from .group import TorchProcessGroup, TorchWork
+from .shrink import install as install_shrink
 
 #: torch backend name -> pyc10d engine name.
 BACKENDS: dict[str, str] = {"pyc10d": "auto", "pyc10d_shm": "shm", "pyc10d_tcp": "tcp"}
@@ -122,5 +123,6 @@ def register() -> None:
 
 
 register()
+install_shrink()
 
 __all__ = ["BACKENDS", "TorchProcessGroup", "TorchStoreAdapter", "TorchWork", "register"]

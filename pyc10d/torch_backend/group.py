@@ -345,6 +345,13 @@ class TorchProcessGroup(tdist.ProcessGroup):
         """Rank 0 checks in every rank and names the ones that did not come (pyc10d's wording)."""
         self._engine.monitored_barrier(timeout, wait_all_ranks)
 
+    def _get_backend(self, device: Any = None) -> Any:
+        """torch's device-backend lookup, which ``torch.distributed.shrink_group`` starts with
+        (``shrink.py``: a Python group has no C++ backend to answer)."""
+        from .shrink import backend_for  # (it builds on this module)
+
+        return backend_for(self, device)
+
     # -- lifetime ---------------------------------------------------------------------------
     def shutdown(self) -> None:
         self._engine.shutdown()

@@ -13,3 +13,59 @@ def usable_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+#: ``PYC10D_BIND``: ``auto`` (default) gives each rank of a host its own share of the CPUs when
+#: its shared-memory transport starts (``place``); ``none`` leaves placement to the kernel.
+BIND_ENV = "PYC10D_BIND"
+_placed: list[int] | None = None
+_tried = False
+
+
+def place(local_rank: int, local_size: int) -> list[int] | None:
+    """Pin every thread of this process to its own share of the CPUs: ``local_rank``'s block of
+    ``len(cpus) // local_size`` CPUs of the affinity set, the first time a host's ranks connect.
+
+    Why (docs/performance.md, "Two speeds decided at start-up"): left to the kernel, two ranks
+    that take turns waking each other through a futex were found on one CPU for whole jobs,
+    each job then running a large collective at half speed; a rank on a CPU of its own never is.
+    Only when every rank can have at least one CPU (never with more ranks than CPUs), only
+    once a process (later groups keep it), and not when ``PYC10D_BIND=none``. A rank already
+    confined to fewer CPUs than ranks (``mpirun`` binds two ranks to a core each,
+    ``pyc10d.run --bind-to core``) is left as it is. New threads inherit the mask of the
+    thread that starts them; the ones already running are pinned here one by one.
+    """
+    global _placed, _tried
+    if _tried:
+        return _placed
+    _tried = True
+    if os.environ.get(BIND_ENV, "auto").strip().lower() in ("none", "0", "off", "false"):
+        return None
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+    if local_size < 2 or local_size > len(cpus) or not 0 <= local_rank < local_size:
+        return None
+    share = len(cpus) // local_size
+    mine = cpus[local_rank * share:(local_rank + 1) * share]
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, mine)
+        except OSError:  # a thread that ended meanwhile
+            pass
+    _placed = mine
+    return mine
+
+
+def _forget_after_fork() -> None:
+    """A forked child is a process of its own: it places itself when its transport starts."""
+    global _placed, _tried
+    _placed, _tried = None, False
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)

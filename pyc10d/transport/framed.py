@@ -21,13 +21,16 @@ import struct
 from collections.abc import Callable
 
 from ..errors import DistNetworkError
+from ..keepalive import peer_timeout, silent_error
 from .base import Mailbox, RecvHandle, Transport, abort_error, lost_error
 from .pool import POOL_MIN
 
-KIND_DATA, KIND_ABORT, KIND_BYE = 0, 1, 2
-_KINDS = (KIND_DATA, KIND_ABORT, KIND_BYE)
+KIND_DATA, KIND_ABORT, KIND_BYE, KIND_PING = 0, 1, 2, 3  # a ping: see ``heartbeat``
+_KINDS = (KIND_DATA, KIND_ABORT, KIND_BYE, KIND_PING)
 # An abort carries a reason, a goodbye nothing: anything longer is not one of ours.
 MAX_CONTROL_BYTES = 64 * 1024
+STRIPES_SHIFT = 8  # a frame's kind field: its kind in the low bits, its stripes above (lanes)
+MAX_STRIPES = 16
 _DEFAULT_MAX_MESSAGE = 1 << 36
 # Seconds the pump holds a large message for its receive to be posted (see ``_pump``).
 WAIT_FOR_POST = 0.01
@@ -45,14 +48,20 @@ class BadFrame(DistNetworkError):
     """A peer sent a frame no pyc10d rank sends; its stream is dropped."""
 
 
-def check_header(kind: int, nbytes: int, max_message: int) -> None:
-    """Raise ``BadFrame`` unless a frame of ``kind`` may carry ``nbytes`` of payload."""
+def check_header(kind: int, nbytes: int, max_message: int) -> int:
+    """Raise ``BadFrame`` unless a frame of ``kind`` may carry ``nbytes`` of payload; the
+    number of stripes it comes in (0: one piece; a data frame may come in 2 to
+    ``MAX_STRIPES``, see ``tcp_lanes``)."""
+    stripes = kind >> STRIPES_SHIFT
+    if stripes and kind & ((1 << STRIPES_SHIFT) - 1) == KIND_DATA and 2 <= stripes <= MAX_STRIPES:
+        kind = KIND_DATA
     if kind not in _KINDS:
         raise BadFrame(f"it sent a frame of unknown kind {kind}")
     limit = max_message if kind == KIND_DATA else MAX_CONTROL_BYTES
     if nbytes > limit:
         what = "message" if kind == KIND_DATA else "control frame"
         raise BadFrame(f"it announced a {what} of {nbytes} bytes, over the limit of {limit}")
+    return stripes
 
 
 class FramedTransport(Transport):
@@ -94,6 +103,10 @@ class FramedTransport(Transport):
     def _drop(self, peer: int) -> None:
         """Stop talking to ``peer`` after it sent garbage (tcp: shut its socket down)."""
 
+    def _read_stripes(self, peer: int, stripes: int, view: memoryview) -> None:
+        """Fill ``view`` with a payload ``peer`` sent in ``stripes`` stripes (tcp's lanes)."""
+        raise BadFrame(f"it sent a message in {stripes} stripes, which this transport does not take")
+
     def _pump(self, peer: int, read: Callable[[memoryview, bool], None]) -> None:
         """Receive frames from ``peer`` until it leaves; ``read(view, is_payload)`` fills ``view``."""
         header = bytearray(self.HEADER.size)
@@ -106,10 +119,13 @@ class FramedTransport(Transport):
                 handle = None
                 read(hview, False)
                 channel, nbytes, meta, kind = self.HEADER.unpack(header)
-                check_header(kind, nbytes, max_message)
+                stripes = check_header(kind, nbytes, max_message)
+                kind &= (1 << STRIPES_SHIFT) - 1
                 if kind != KIND_DATA:
                     payload = bytearray(nbytes)
                     read(memoryview(payload), True)
+                    if kind == KIND_PING:
+                        continue
                     if kind == KIND_BYE:
                         box.peer_said_bye(peer)
                         box.peer_lost(peer, lost_error(peer, "it shut down its process group"))
@@ -125,11 +141,17 @@ class FramedTransport(Transport):
                 wait = WAIT_FOR_POST if nbytes >= POOL_MIN else 0.0
                 handle = box.take_posted(peer, channel, wait)
                 if handle is not None and nbytes <= len(handle.buf):
-                    read(handle.buf[:nbytes], True)
+                    if stripes:
+                        self._read_stripes(peer, stripes, handle.buf[:nbytes])
+                    else:
+                        read(handle.buf[:nbytes], True)
                     handle.complete(nbytes, meta)
                     continue
                 payload = box.pool.acquire(nbytes)
-                read(payload, True)
+                if stripes:
+                    self._read_stripes(peer, stripes, payload)
+                else:
+                    read(payload, True)
                 if handle is not None:
                     handle.complete(nbytes, meta, truncated=True)
                     box.pool.release(payload)
@@ -140,6 +162,8 @@ class FramedTransport(Transport):
                 pass
             elif isinstance(e, BadFrame):
                 self._refuse(peer, str(e))
+            elif isinstance(e, TimeoutError) and not isinstance(e, DistNetworkError):  # keepalive
+                box.peer_lost(peer, silent_error(peer, peer_timeout() or 0, "stopped answering", e))
             elif isinstance(e, (OSError, DistNetworkError)):  # the peer left or died
                 box.peer_lost(peer, e if isinstance(e, DistNetworkError) else str(e))
             else:  # e.g. no memory for the message

@@ -24,17 +24,21 @@ import threading
 import time
 from datetime import timedelta
 
-from .. import auth
+from .. import auth, keepalive, tls
 from ..errors import DistNetworkError, DistTimeoutError, with_message
+from ..hostport import format_hostport
 from ..store.base import Store, store_chain
+from . import heartbeat
 from .base import Mailbox, RecvHandle
 from .cpus import usable_cpus
-from .framed import FramedTransport
-from .netif import advertised_address
+from .framed import KIND_DATA, KIND_PING, STRIPES_SHIFT, BadFrame, FramedTransport
+from .netif import advertised_addresses
+from .tcp_lanes import STRIPE_MIN_BYTES, Lanes, recv_stripes, send_stripes
 from .tcp_listener import ACCEPTED, HELLO, USE_OTHER, Listener
 
 _HEADER = struct.Struct("<QQII")
 _SMALL = 64 * 1024
+_PING = _HEADER.pack(0, 0, 0, KIND_PING)
 # A receive from a peer not connected yet dials it after this long (see ``irecv``).
 PROBE_AFTER_S = 0.25
 log = logging.getLogger("pyc10d")
@@ -48,16 +52,16 @@ _CHUNK = 512 * 1024
 _CHUNK_ABOVE = 1 << 20
 
 
-def _advertised_host(store: Store, rank: int) -> str:
-    """The address peers dial for this rank: ``netif`` decides, given the store's host (or,
-    for a file store, that other hosts may share it)."""
+def _advertised_hosts(store: Store, rank: int) -> list[str]:
+    """The addresses peers dial for this rank (several: lanes, see ``tcp_lanes``): ``netif``
+    decides, given the store's host (or, for a file store, that other hosts may share it)."""
     store_host, shared_file = None, False
     for s in store_chain(store):
         store_host = getattr(s, "host", None)
         shared_file = shared_file or bool(getattr(s, "shared_file", False))
         if store_host is not None:
             break
-    return advertised_address(os.environ, store_host or None, rank, shared_file)
+    return advertised_addresses(os.environ, store_host or None, rank, shared_file)
 
 
 # Socket buffer size on an oversubscribed host (more ranks on it than CPUs); the kernel
@@ -149,15 +153,20 @@ class TCPTransport(FramedTransport):
         self._addrs: list[str] = []  # every rank's ``host:port:nonce``, read at the first dial
         self._addrs_lock = threading.Lock()
         self._listener: Listener | None = None
+        self._lanes: Lanes | None = None
+        self.peer_timeout = keepalive.peer_timeout()  # see ``heartbeat``; None: not watched
         if size > 1:
             self._join(store, self._timeout_s)
+            if self.peer_timeout is not None:
+                heartbeat.register(self)
 
     # -- set-up ---------------------------------------------------------------------------
     def _join(self, store: Store, timeout: float) -> None:
         """Listen, publish ``host:port:nonce``, and wait until every rank has published."""
-        host = _advertised_host(store, self.rank)
-        self._listener = Listener(self.rank, self.size, host, self._secret, self._admit)
-        store.set(f"tcp_addr/{self.rank}", f"{host}:{self._listener.port}:{self._listener.nonce}")
+        hosts = _advertised_hosts(store, self.rank)
+        self._lanes = Lanes(self.rank, hosts, self._secret, enabled=not tls.enabled(), tune=self._tune_lane)
+        self._listener = Listener(self.rank, self.size, hosts, self._secret, self._admit)
+        store.set(f"tcp_addr/{self.rank}", f"{','.join(hosts)}:{self._listener.port}:{self._listener.nonce}")
         # The rank that completes the count says so; everybody waits for that one key (O(1)
         # store traffic per rank, where waiting for every address would be O(size)). The
         # count runs on if the same store serves a later group of the same name (destroy and
@@ -197,6 +206,7 @@ class TCPTransport(FramedTransport):
         ``answer`` (the listener's reply to the dialer) goes out before any data frame can;
         ``unanswered``: this rank dialled and has not read the peer's answer yet."""
         _tune(sock, sockbuf_bytes(_is_local(sock), self._ranks_on_host()))
+        keepalive.apply(sock, self.peer_timeout)
         with self._send_locks[peer]:
             if answer is not None:
                 sock.sendall(answer)
@@ -207,14 +217,19 @@ class TCPTransport(FramedTransport):
         self._threads.append(t)
         self._cond.notify_all()
 
-    def _admit(self, peer: int, sock: socket.socket) -> str | None:
+    def _admit(self, peer: int, sock: socket.socket, lane: int = 0) -> str | None:
         """The listener vetted a hello from ``peer``: take the connection, or tell the dialer
-        to use the one this rank dialled. A reason string refuses it (the listener logs it)."""
+        to use the one this rank dialled. A reason string refuses it (the listener logs it).
+        A lane (``lane`` > 0) is always taken (see ``tcp_lanes``)."""
         with self._cond:
             if self._closing:
                 return "this rank is shutting down"
             if peer in self.mailbox.dead:
                 return f"rank {peer} was dropped already ({self.mailbox.dead[peer]})"
+            if lane:
+                assert self._lanes is not None
+                self._lanes.admit(peer, lane, sock)
+                return None
             if self._socks[peer] is not None or (self._dialing[peer] and self.rank > peer):
                 sock.sendall(USE_OTHER)
                 sock.close()
@@ -252,16 +267,27 @@ class TCPTransport(FramedTransport):
                 if not self._addrs:
                     keys = [f"tcp_addr/{r}" for r in range(self.size)]
                     self._addrs = [v.decode() for v in self._store.multi_get(keys)]
-        host, port, nonce = self._addrs[peer].rsplit(":", 2)
-        return host, port, nonce
+        hosts, port, nonce = self._addrs[peer].rsplit(":", 2)
+        return hosts.split(",")[0], port, nonce
+
+    def _lane_hosts(self, peer: int) -> list[str]:
+        """Every address ``peer`` published (one per lane; see ``tcp_lanes``)."""
+        self._address(peer)
+        return self._addrs[peer].rsplit(":", 2)[0].split(",")
+
+    def _tune_lane(self, sock: socket.socket) -> None:
+        _tune(sock, sockbuf_bytes(_is_local(sock), self._ranks_on_host()))
+        keepalive.apply(sock, self.peer_timeout)
 
     def _dial(self, peer: int, deadline: float) -> socket.socket:
         host, port, nonce = self._address(peer)
         sock = self._open(peer, host, int(port), deadline)
         try:
+            sock = tls.wrap_client(sock, f"tcp transport: rank {self.rank} connecting to rank {peer} at "
+                                         f"{format_hostport(host, port)}", min(tls.HANDSHAKE_TIMEOUT_S, max(deadline - time.monotonic(), 0.1)))
             if self._secret is not None:
                 auth.authenticate(sock, self._secret, f"tcp transport: rank {self.rank} failed to "
-                                                      f"authenticate with rank {peer} at {host}:{port}")
+                                                      f"authenticate with rank {peer} at {format_hostport(host, port)}")
             sock.settimeout(max(deadline - time.monotonic(), 0.1))
             sock.sendall(HELLO.pack(self.rank, int(nonce)))
             # The higher rank's dial wins every race (see the class docstring), so it needs no
@@ -274,7 +300,7 @@ class TCPTransport(FramedTransport):
         except OSError as e:
             sock.close()
             raise DistNetworkError(f"tcp transport: rank {self.rank} could not connect to rank "
-                                   f"{peer} at {host}:{port}: {e}") from e
+                                   f"{peer} at {format_hostport(host, port)}: {e}") from e
         except BaseException:
             sock.close()
             raise
@@ -285,7 +311,7 @@ class TCPTransport(FramedTransport):
             sock.close()
             if answer != USE_OTHER:
                 raise DistNetworkError(
-                    f"tcp transport: rank {peer} at {host}:{port} refused rank {self.rank}'s "
+                    f"tcp transport: rank {peer} at {format_hostport(host, port)} refused rank {self.rank}'s "
                     f"connection (answer {answer!r}; see rank {peer}'s log)")
             # Rank ``peer`` dialled this rank at the same time and its connection wins.
             while self._socks[peer] is None:
@@ -316,14 +342,14 @@ class TCPTransport(FramedTransport):
             try:
                 return socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.1))
             except ConnectionRefusedError as e:
-                self.mailbox.peer_lost(peer, f"its listener at {host}:{port} refused a connection "
+                self.mailbox.peer_lost(peer, f"its listener at {format_hostport(host, port)} refused a connection "
                                              f"from rank {self.rank} ({e.strerror}): it is gone")
                 raise self.mailbox.dead[peer] from e
             except OSError as e:
                 if time.monotonic() + delay > deadline:
                     raise DistNetworkError(
                         f"tcp transport: rank {self.rank} could not connect to rank {peer} at "
-                        f"{host}:{port}: {e}"
+                        f"{format_hostport(host, port)}: {e}"
                     ) from e
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
@@ -345,6 +371,9 @@ class TCPTransport(FramedTransport):
                 while True:
                     try:
                         self._connection(peer)
+                        return
+                    except tls.CertificateRefused as e:  # definitive: fail the receives now
+                        self.mailbox.peer_lost(peer, e)
                         return
                     except Exception:  # noqa: BLE001 - a loss fails the receive; see above
                         with self._cond:
@@ -386,10 +415,16 @@ class TCPTransport(FramedTransport):
         sock = self._socks[peer]
         if sock is None:
             sock = self._connection(peer)
+        lanes = self._lanes_to(peer) if kind == KIND_DATA and len(data) >= STRIPE_MIN_BYTES else None
+        if lanes:
+            kind |= (len(lanes) + 1) << STRIPES_SHIFT
         header = _HEADER.pack(channel, len(data), meta, kind)
         try:
             with self._send_locks[peer]:
-                if len(data) <= _SMALL:
+                if lanes:
+                    sock.sendall(header)
+                    send_stripes([sock, *lanes], data, lambda: self._check_reachable(peer))
+                elif len(data) <= _SMALL:
                     sock.sendall(header + data)
                 else:
                     sock.sendall(header)
@@ -398,6 +433,22 @@ class TCPTransport(FramedTransport):
                         sock.sendall(data[start:start + step])
         except OSError as e:
             raise self.mailbox.explain_loss(peer, f"send failed: {e}") from e
+
+    def _lanes_to(self, peer: int) -> list[socket.socket]:
+        """This rank's lanes to ``peer`` ([] when either has one address, or under TLS)."""
+        assert self._lanes is not None
+        if not self._lanes.enabled:
+            return []
+        _, port, nonce = self._address(peer)
+        return self._lanes.outgoing(peer, self._lane_hosts(peer), int(port), int(nonce),
+                                    min(self._timeout_s, 30.0))
+
+    def _read_stripes(self, peer: int, stripes: int, view: memoryview) -> None:
+        sock = self._socks[peer]
+        lanes = None if self._lanes is None else self._lanes.incoming(peer, stripes)
+        if sock is None or lanes is None:
+            raise BadFrame(f"it sent a message in {stripes} stripes over lanes it did not open")
+        recv_stripes([sock, *lanes], view, lambda: self._check_reachable(peer))
 
     def _receive_loop(self, peer: int, sock: socket.socket, unanswered: bool) -> None:
         if unanswered and not self._answered(peer, sock):
@@ -410,9 +461,10 @@ class TCPTransport(FramedTransport):
         # system time per call in it.
         idle = select.poll()
         idle.register(sock, select.POLLIN)
+        buffered = getattr(sock, "pending", None)  # TLS: decrypted bytes that poll() cannot see
 
         def read(view: memoryview, payload: bool) -> None:
-            if not payload:
+            if not payload and not (buffered and buffered()):
                 idle.poll()
             _recv_exact(sock, view)
 
@@ -433,6 +485,8 @@ class TCPTransport(FramedTransport):
         return False
 
     def _drop(self, peer: int) -> None:
+        if self._lanes is not None:
+            self._lanes.drop(peer)
         sock = self._socks[peer]
         if sock is not None:
             try:
@@ -441,6 +495,28 @@ class TCPTransport(FramedTransport):
                 pass
 
     # -- failure and shutdown -----------------------------------------------------------
+    def heartbeat(self) -> None:
+        """Called by the heartbeat thread every ``peer_timeout / 4`` s (see ``heartbeat``)."""
+        limit = self.peer_timeout
+        assert limit is not None
+        for peer, sock in enumerate(self._socks):
+            if sock is None or peer in self.mailbox.dead or self._closing:
+                continue
+            try:
+                since_sent, since_received = heartbeat.idle_ms(sock)
+                if since_received > limit * 1000:
+                    self.mailbox.peer_lost(peer, keepalive.silent_error(peer, limit, "sent nothing"))
+                    self._drop(peer)
+                elif since_sent >= limit * 1000 / 3 and heartbeat.unsent(sock) == 0:
+                    lock = self._send_locks[peer]
+                    if lock.acquire(blocking=False):
+                        try:
+                            sock.sendall(_PING)
+                        finally:
+                            lock.release()
+            except OSError:  # closed meanwhile: its receiver reports that
+                pass
+
     def is_alive(self, peer: int) -> bool:
         """Not known to be lost (a peer never connected to counts as alive)."""
         return peer not in self.mailbox.dead
@@ -454,6 +530,7 @@ class TCPTransport(FramedTransport):
                 return
             self._closing = True
             self._cond.notify_all()
+        heartbeat.unregister(self)
         if self._listener is not None:
             self._listener.close()
         for peer, sock in enumerate(self._socks):
@@ -472,4 +549,6 @@ class TCPTransport(FramedTransport):
         for sock in self._socks:
             if sock is not None:
                 sock.close()
+        if self._lanes is not None:
+            self._lanes.close()
         self.mailbox.fail_all(DistNetworkError(f"rank {self.rank}: transport closed"))

@@ -4,7 +4,8 @@ Connections are lazy (see ``tcp``): a peer may dial this rank at any time, not o
 set-up, so the listener stays up until the transport closes. Anyone can reach it, so every
 connection is vetted before it becomes a peer's: authentication if ``PYC10D_AUTH_TOKEN`` is
 set, then the hello (the dialer's rank and the nonce this rank published through the store),
-within ``HELLO_TIMEOUT_S``. A connection that fails any of it is closed without a word and
+within ``HELLO_TIMEOUT_S``, all inside TLS when ``PYC10D_TLS_*`` is set (``tls.ServerHandshake``,
+driven by the same loop). A connection that fails any of it is closed without a word and
 the reason is logged; at most ``MAX_PENDING`` connections are vetted at once.
 
 One thread does it all with ``selectors``, reading whatever each connection has sent: a
@@ -16,6 +17,11 @@ A vetted hello is handed to ``admit(peer, sock)``, which answers the dialer with
 ``tcp.TCPTransport._admit``): ``ACCEPTED`` (this socket is the pair's connection from now on)
 or ``USE_OTHER`` (the pair has, or is about to have, the connection this rank dialled), or
 returns a reason to refuse it.
+
+A dialer's hello may name a lane (``LANE_SHIFT``): an extra connection that carries only the
+stripes of large messages (see ``tcp``), accepted only when this rank has that many
+addresses. The socket listens on every address of the family of the rank's addresses (IPv6:
+dual-stack, so IPv4 peers get in too), or on the one loopback address a single-host job uses.
 """
 
 from __future__ import annotations
@@ -27,11 +33,17 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from .. import auth
+from .. import auth, tls
+from ..hostport import family_of, format_hostport
+from .netif import is_loopback
 
-HELLO = struct.Struct("<Iq")  # the dialer's rank, the nonce this rank published
+HELLO = struct.Struct("<Iq")  # the dialer's rank (and lane), the nonce this rank published
+# The hello's first field: the dialer's rank in the low bits, a lane above (0: the pair's
+# connection). Ranks stay below 2**24.
+LANE_SHIFT = 24
+RANK_MASK = (1 << LANE_SHIFT) - 1
 ACCEPTED, USE_OTHER = b"\x01", b"\x00"
 # A connection to a rank's listener has this long to authenticate and say hello.
 HELLO_TIMEOUT_S = auth.HANDSHAKE_TIMEOUT_S
@@ -43,10 +55,11 @@ log = logging.getLogger("pyc10d")
 class _Pending:
     """A connection being vetted: its handshake (if a token is set) and hello so far."""
 
-    __slots__ = ("sock", "who", "deadline", "hs", "got")
+    __slots__ = ("sock", "who", "deadline", "hs", "got", "tls")
 
-    def __init__(self, sock: socket.socket, who: str, secret: bytes | None) -> None:
-        self.sock, self.who = sock, who
+    def __init__(self, sock: socket.socket, who: str, secret: bytes | None,
+                 tls_hs: tls.ServerHandshake | None = None) -> None:
+        self.sock, self.who, self.tls = sock, who, tls_hs
         self.deadline = time.monotonic() + HELLO_TIMEOUT_S
         self.hs = None if secret is None else auth.ServerHandshake(secret)
         self.got = bytearray()
@@ -60,15 +73,19 @@ class _Pending:
 class Listener:
     """Accepts and vets connections to rank ``rank`` of ``size`` until ``close``."""
 
-    def __init__(self, rank: int, size: int, host: str, secret: bytes | None,
-                 admit: Callable[[int, socket.socket], str | None]) -> None:
-        self.rank, self.size = rank, size
+    def __init__(self, rank: int, size: int, hosts: Sequence[str], secret: bytes | None,
+                 admit: Callable[[int, socket.socket, int], str | None]) -> None:
+        self.rank, self.size, self.lanes = rank, size, len(hosts)
         self._secret = secret
+        self._tls = tls.context(server_side=True)
         self._admit = admit
         self.nonce = int.from_bytes(os.urandom(7), "little")
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        family, where = _bind_address(hosts)
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1" if host == "127.0.0.1" else "0.0.0.0", 0))
+        if family == socket.AF_INET6 and not is_loopback(where):
+            self._sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        self._sock.bind((where, 0))
         self._sock.listen(max(size, 128))  # room for stray connections beside the peers
         self._sock.setblocking(False)
         self.port = self._sock.getsockname()[1]
@@ -114,19 +131,36 @@ class Listener:
             except OSError as e:  # e.g. out of file descriptors: log, keep serving the rest
                 log.warning("tcp transport: rank %d could not accept a connection: %s", self.rank, e)
                 return
-            who = f"{addr[0]}:{addr[1]}"
+            who = format_hostport(addr[0], addr[1])
             p = _Pending(sock, who, self._secret)
             if len(self._pending) >= MAX_PENDING:
                 self._refuse(p, f"{MAX_PENDING} connections are being vetted already")
                 continue
             sock.setblocking(False)
-            self._pending[sock] = p
-            self._sel.register(sock, selectors.EVENT_READ, p)
+            p.tls = tls.server_handshake(sock, self._tls)
+            if p.tls is not None:
+                p.sock = p.tls.sock
+            self._pending[p.sock] = p
+            self._sel.register(p.sock, selectors.EVENT_READ, p)
 
     def _readable(self, p: _Pending) -> None:
+        if p.tls is not None and not p.tls.done:
+            try:
+                if not p.tls.step():
+                    self._sel.modify(p.sock, p.tls.events, p)
+                    return
+            except tls.TLSError as e:
+                self._refuse(p, str(e))
+                return
+            self._sel.modify(p.sock, selectors.EVENT_READ, p)
+        self._vet(p)
+        while p.sock in self._pending and tls.buffered(p.sock):  # decrypted: no readiness event
+            self._vet(p)
+
+    def _vet(self, p: _Pending) -> None:
         try:
             data = p.sock.recv(p.want())
-        except (BlockingIOError, InterruptedError):
+        except (*tls.WOULD_BLOCK, InterruptedError):
             return
         except OSError as e:
             self._refuse(p, str(e) or type(e).__name__)
@@ -149,7 +183,8 @@ class Listener:
             self._hello(p)
 
     def _hello(self, p: _Pending) -> None:
-        peer, got_nonce = HELLO.unpack(p.got[:HELLO.size])
+        field, got_nonce = HELLO.unpack(p.got[:HELLO.size])
+        peer, lane = field & RANK_MASK, field >> LANE_SHIFT
         if len(p.got) > HELLO.size:
             self._refuse(p, "it sent more than a hello before its answer")
         elif got_nonce != self.nonce:
@@ -157,11 +192,13 @@ class Listener:
         elif not (0 <= peer < self.size and peer != self.rank):
             self._refuse(p, f"it claims rank {peer}, not a peer of rank {self.rank} "
                             f"in a world of {self.size}")
+        elif lane >= self.lanes:
+            self._refuse(p, f"rank {peer} asks for lane {lane}; rank {self.rank} has {self.lanes}")
         else:
             self._forget(p)
             p.sock.setblocking(True)
             try:
-                reason = self._admit(peer, p.sock)
+                reason = self._admit(peer, p.sock, lane)
             except OSError as e:  # the dialer went away before hearing the answer
                 reason = f"answering its hello failed: {e}"
             if reason is not None:
@@ -171,6 +208,8 @@ class Listener:
     @staticmethod
     def _ended(p: _Pending, why: str, timed_out: bool) -> str:
         """Why a connection that stopped (closed or went silent) is refused."""
+        if p.tls is not None and not p.tls.done:
+            return f"TLS handshake failed: {tls.describe(TimeoutError() if timed_out else EOFError())}"
         if p.hs is not None and not p.hs.done:
             return f"authentication failed: {p.hs.ended(timed_out=timed_out)}"
         return why
@@ -203,3 +242,13 @@ class Listener:
             pass
         self._thread.join(timeout=1.0)
         self._wake_w.close()
+
+
+def _bind_address(hosts: Sequence[str]) -> tuple[socket.AddressFamily, str]:
+    """Where the listener binds for a rank advertising ``hosts``: its one loopback address
+    (a single-host job), else every address (IPv6 and dual-stack when any host is IPv6)."""
+    if len(set(hosts)) == 1 and is_loopback(hosts[0]):
+        return family_of(hosts[0]), hosts[0]
+    if any(family_of(h) == socket.AF_INET6 for h in hosts):
+        return socket.AF_INET6, "::"
+    return socket.AF_INET, "0.0.0.0"

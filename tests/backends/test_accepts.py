@@ -3,7 +3,7 @@
 Every (dtype, op) torch has gets an answer; an accepted pair's plan reduces exactly as a
 float64/int64 reference does (checked here on the kernels, on every rank count's worth of
 inputs; ``tests/test_properties.py`` checks it over the wire); a refused one raises
-``DistInputError`` naming the op, the argument and what is accepted; the README prints the
+``DistInputError`` naming the op, the argument and what is accepted; docs/api.md prints the
 table; and its Gloo column is what a live ProcessGroupGloo does.
 """
 
@@ -27,7 +27,7 @@ from pyc10d.backends.accepts import OPS, ROWS, Widen, check_tensors, reduction, 
 from pyc10d.errors import DistInputError  # noqa: E402
 from pyc10d.types import RedOpType, ReduceOp, _make_premul_sum  # noqa: E402
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 
 
 def _red(op: RedOpType) -> ReduceOp:
@@ -117,8 +117,8 @@ def test_check_tensors_takes_every_movable_dtype_and_sparse_coo_where_asked() ->
     check_tensors("allreduce", [torch.eye(2).to_sparse()], sparse=True)
 
 
-def test_readme_prints_the_table() -> None:
-    assert accepts.readme_table() in README.read_text(), "README's dtype × op table differs from accepts.readme_table()"
+def test_the_manual_prints_the_table() -> None:
+    assert accepts.readme_table() in API_DOC.read_text(), "docs/api.md's dtype × op table differs from accepts.readme_table()"
 
 
 # -- the Gloo column against a live ProcessGroupGloo -----------------------------------------

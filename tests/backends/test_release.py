@@ -123,7 +123,8 @@ def _cycles(rank: int, world: int, api: str, backend: str, cycles: int) -> list[
             while True:
                 state = (threading.active_count(), _fds(), _shm_maps(),
                          len(shm_segment.created_by(os.getpid())))
-                if (seen and state <= seen[0]) or time.monotonic() > deadline or i == 9:
+                settled = bool(seen) and all(b <= a for a, b in zip(seen[0], state))
+                if settled or time.monotonic() > deadline or i == 9:
                     break
                 time.sleep(0.05)
             seen.append(state)

@@ -1,0 +1,1 @@
+"""A simulated network to run the real collective algorithms at thousands of ranks."""

@@ -1,0 +1,58 @@
+"""``pyc10d.sim``: the real algorithms over the simulated network give the right results,
+the times the alpha-beta arithmetic gives where it is exact, and logarithmic times at scale."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pyc10d import algorithms as algo
+from pyc10d.algorithms import cost
+from pyc10d.sim.engine import SimDeadlock, simulate
+from pyc10d.sim.network import Net
+from pyc10d.sim.table import model_of, outcome
+from pyc10d.types import ReduceOp
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize("n", [1, 3, 8, 13])
+def test_results_are_the_algorithms(n: int) -> None:
+    def body(c: object) -> torch.Tensor:
+        t = torch.arange(7, dtype=torch.float64) + c.rank
+        algo.allreduce_rabenseifner(c, t, ReduceOp.SUM)
+        return t
+
+    _, res = simulate(n, Net(), body)
+    want = sum(torch.arange(7, dtype=torch.float64) + r for r in range(n))
+    for t in res:
+        assert torch.equal(t, want)
+
+
+def test_time_is_alpha_beta_where_exact() -> None:
+    """Recursive doubling at n = 4, one rank per host: 2 steps of (latency + S·beta)."""
+    net = Net(latency=10e-6, o=0.0, nic_beta=1e-9, gamma=0.0)
+    s = 1 << 20
+    got = outcome("allreduce", algo.allreduce_recursive_doubling, 4, s, net).seconds
+    assert got == pytest.approx(2 * (10e-6 + s * 1e-9), rel=1e-9)
+    # reductions are charged: gamma adds S·gamma per step
+    net = Net(latency=10e-6, o=0.0, nic_beta=1e-9, gamma=1e-9)
+    got = outcome("allreduce", algo.allreduce_recursive_doubling, 4, s, net).seconds
+    assert got == pytest.approx(2 * (10e-6 + 2 * s * 1e-9), rel=1e-9)
+
+
+def test_logarithmic_at_1024_within_twice_the_bound() -> None:
+    net = Net()
+    for op, s in (("allreduce", 8), ("allreduce", 1 << 20), ("barrier", 0), ("reduce_scatter", 4096)):
+        o = outcome(op, algo.select(op, 1024, s), 1024, s, net)
+        assert o.how == "sim" and o.peers_per_rank <= 20, o
+        assert o.seconds <= 2 * cost.lower_bound(op, 1024, s, model_of(net)), (op, s, o)
+
+
+def test_a_missing_send_is_a_deadlock_not_a_hang() -> None:
+    def body(c: object) -> None:
+        if c.rank == 0:
+            c.recv(1, torch.empty(1))
+
+    with pytest.raises(SimDeadlock):
+        simulate(2, Net(), body)

@@ -1,0 +1,98 @@
+"""``transport.cpus.place``: each rank of a host on CPUs of its own, once, only where it fits.
+
+Every case runs in a forked child (placement pins the whole process) whose affinity set is
+chosen first, so the cases do not depend on how many CPUs the machine has beyond two.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from _multirank import FORK, run_ranks
+
+from pyc10d.transport import cpus
+
+pytestmark = [pytest.mark.timeout(30),
+              pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to place ranks on")]
+
+
+def _in_child(fn: Callable[[], Any], env: dict[str, str] | None = None) -> Any:
+    recv, send = FORK.Pipe(duplex=False)
+
+    def child() -> None:
+        os.environ.update(env or {})
+        try:
+            send.send(("ok", fn()))
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            send.send(("error", repr(e)))
+
+    p = FORK.Process(target=child)
+    p.start()
+    status, value = recv.recv()
+    p.join(10)
+    assert status == "ok", value
+    return value
+
+
+def _two_cpus() -> list[int]:
+    both = sorted(os.sched_getaffinity(0))[:2]
+    os.sched_setaffinity(0, both)
+    return both
+
+
+def _place_with_a_thread_running(local_rank: int) -> tuple[list[int], list[int], list[int], Any]:
+    both = _two_cpus()
+    started = threading.Event()
+    stop = threading.Event()
+    worker = threading.Thread(target=lambda: (started.set(), stop.wait(5)))
+    worker.start()
+    started.wait(5)
+    mine = cpus.place(local_rank, 2)
+    seen = (sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(worker.native_id)))
+    again = cpus.place(1 - local_rank, 2)  # once a process: the first placement stays
+    stop.set()
+    worker.join()
+    return both, mine, list(seen), again
+
+
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_each_local_rank_gets_its_own_cpu_for_every_thread(local_rank: int) -> None:
+    both, mine, (main, worker), again = _in_child(lambda: _place_with_a_thread_running(local_rank))
+    assert mine == [both[local_rank]]
+    assert main == worker == mine, "a thread running before the placement kept the old mask"
+    assert again == mine
+
+
+def test_bind_none_more_ranks_than_cpus_and_ranks_already_bound_are_left_alone() -> None:
+    def case(local_size: int, confine: bool) -> tuple[Any, list[int]]:
+        both = _two_cpus()
+        if confine:  # as mpirun or pyc10d.run --bind-to core leave a rank: one CPU of its own
+            os.sched_setaffinity(0, both[:1])
+        return cpus.place(0, local_size), sorted(os.sched_getaffinity(0))
+
+    assert _in_child(lambda: case(2, False), {cpus.BIND_ENV: "none"})[0] is None
+    placed, mask = _in_child(lambda: case(3, False))
+    assert placed is None and len(mask) == 2
+    placed, mask = _in_child(lambda: case(2, True))
+    assert placed is None and len(mask) == 1
+
+
+def _affinity_after_init(rank: int, world: int) -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def test_an_shm_world_places_its_ranks_apart() -> None:
+    """Through the backend: the ranks of a 2-rank shm world each end on one CPU, not the same."""
+    def run() -> list[list[int]]:
+        _two_cpus()
+        return run_ranks("shm", 2, _affinity_after_init, timeout=20)
+
+    res = _in_child(run)
+    assert all(len(m) == 1 for m in res) and res[0] != res[1], res
+    off = _in_child(lambda: (_two_cpus(), run_ranks("shm", 2, _affinity_after_init, timeout=20))[1],
+                    {cpus.BIND_ENV: "none"})
+    assert all(len(m) == 2 for m in off), off
