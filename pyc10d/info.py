@@ -4,8 +4,9 @@ Every line is measured here, not read from a configuration: the versions importe
 pyc10d's names torch's ``Backend`` registry holds (and whether torch's autoload loaded the
 entry point that put them there), ``/dev/shm``'s size and whether a segment can actually be
 created, mapped, written and removed, the address the tcp transport would advertise to its
-peers and why, and the authentication setting in force (whether ``PYC10D_AUTH_TOKEN`` is set,
-never its value). ``--json`` prints the same as one JSON object, for scripts and tests.
+peers and why, and the security settings in force: whether ``PYC10D_AUTH_TOKEN`` is set (never
+its value), whether TLS is on (and its files there) or would be refused, the silent-peer bound
+and the CPU placement. ``--json`` prints the same as one JSON object, for scripts and tests.
 """
 
 from __future__ import annotations
@@ -98,9 +99,37 @@ def network() -> dict[str, Any]:
     return out
 
 
+def _tls() -> dict[str, Any]:
+    """TLS as a rank would start it: off, on (the three files, each there or not), or refused
+    (only some of the three set: the rank would fail, saying which)."""
+    from . import tls
+
+    try:
+        files = tls.settings()
+    except tls.TLSError as e:
+        return {"state": "refused", "error": str(e)}
+    if files is None:
+        return {"state": "off"}
+    return {"state": "on", "files": {name: {"path": path, "exists": os.path.isfile(path)}
+                                     for name, path in zip((tls.ENV_CERT, tls.ENV_KEY, tls.ENV_CA), files)}}
+
+
+def _peer_timeout() -> Any:
+    from . import keepalive
+
+    try:
+        return keepalive.peer_timeout()
+    except ValueError as e:
+        return f"invalid: {e}"
+
+
 def security() -> dict[str, Any]:
+    from .transport import cpus
+
     return {"auth_token_set": bool(os.environ.get("PYC10D_AUTH_TOKEN")),
-            "encryption": None,  # pyc10d authenticates connections; it does not encrypt them
+            "tls": _tls(),
+            "peer_timeout_s": _peer_timeout(),  # None: silent-peer detection off
+            "bind": os.environ.get(cpus.BIND_ENV, "auto"),
             "variables": {k: ("<set>" if k in SECRET_VARS else v) for k, v in sorted(os.environ.items())
                           if k.startswith("PYC10D_") or k in OTHER_VARS}}
 
@@ -112,6 +141,16 @@ def collect() -> dict[str, Any]:
 
 def _size(n: int | None) -> str:
     return "?" if n is None else f"{n / (1 << 30):.1f} GiB"
+
+
+def _render_tls(t: dict[str, Any]) -> str:
+    if t["state"] == "off":
+        return "off: store and peer connections in clear (set PYC10D_TLS_CERT, _KEY and _CA)"
+    if t["state"] == "refused":
+        return f"REFUSED: {t['error']}"
+    missing = [name for name, f in t["files"].items() if not f["exists"]]
+    return ("on: mutual TLS 1.3 on every store and peer connection"
+            + (f"; MISSING files: {', '.join(missing)}" if missing else ""))
 
 
 def render(info: dict[str, Any]) -> str:
@@ -134,8 +173,13 @@ def render(info: dict[str, Any]) -> str:
         + (f" (file:// across hosts: {net['file_store_advertised']})" if net.get("file_store_advertised") else "")
         + (f"; {net['error']}" if net.get("error") else ""),
         "interfaces  " + (", ".join(f"{n} {a}" for n, a in net["interfaces"].items()) or "none with an address"),
-        f"auth        PYC10D_AUTH_TOKEN {'set: connections authenticated' if sec['auth_token_set'] else 'unset: connections not authenticated'}; "
-        "no TLS (pyc10d does not encrypt)",
+        f"auth        PYC10D_AUTH_TOKEN {'set: connections authenticated' if sec['auth_token_set'] else 'unset: connections not authenticated'}",
+        "tls         " + _render_tls(sec["tls"]),
+        "silent peer " + (f"named after {sec['peer_timeout_s']:g} s (PYC10D_PEER_TIMEOUT_S)"
+                          if isinstance(sec["peer_timeout_s"], (int, float))
+                          else str(sec["peer_timeout_s"] or "detection off (PYC10D_PEER_TIMEOUT_S=0)")),
+        f"placement   PYC10D_BIND={sec['bind']}"
+        + (": each rank of a host on CPUs of its own" if sec["bind"] == "auto" else ""),
         "variables   " + (", ".join(f"{k}={val}" for k, val in sec["variables"].items()) or "none set"),
     ]
     return "\n".join(lines)

@@ -38,6 +38,18 @@ def test_the_command_reports_this_install() -> None:
     assert got["security"]["auth_token_set"] is True
     assert got["security"]["variables"]["PYC10D_AUTH_TOKEN"] == "<set>"
     assert got["security"]["variables"]["PYC10D_STUCK_WARN_S"] == "7"
+    assert got["security"]["tls"] == {"state": "off"}
+    assert got["security"]["peer_timeout_s"] == 15.0 and got["security"]["bind"] == "auto"
+    half = subprocess.run([sys.executable, "-m", "pyc10d.info", "--json"], capture_output=True, text=True,
+                          timeout=50, env={**env, "PYC10D_TLS_CERT": __file__, "PYC10D_TLS_CA": "/nonexistent/ca.pem",
+                                           "PYC10D_PEER_TIMEOUT_S": "0"})
+    sec = json.loads(half.stdout)["security"]
+    assert sec["tls"]["state"] == "refused" and "PYC10D_TLS_KEY" in sec["tls"]["error"], sec  # as a rank would
+    assert sec["peer_timeout_s"] is None
+    full = subprocess.run([sys.executable, "-m", "pyc10d.info"], capture_output=True, text=True, timeout=50,
+                          env={**env, "PYC10D_TLS_CERT": __file__, "PYC10D_TLS_KEY": __file__,
+                               "PYC10D_TLS_CA": "/nonexistent/ca.pem"})
+    assert "tls         on: mutual TLS" in full.stdout and "MISSING files: PYC10D_TLS_CA" in full.stdout, full.stdout
     text = subprocess.run([sys.executable, "-m", "pyc10d.info"], env={**env, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
                           capture_output=True, text=True, timeout=50)
     assert text.returncode == 0, text.stderr
