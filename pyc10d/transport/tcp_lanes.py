@@ -108,12 +108,21 @@ class Lanes:
     def admit(self, peer: int, lane: int, sock: socket.socket) -> None:
         """Take lane ``lane`` from ``peer`` (the listener vetted its hello) and answer it."""
         self._tune(sock)
-        sock.sendall(ACCEPTED)
+        # Registered before the answer: the dialer stripes its next message as soon as it reads
+        # it, and this rank's receiver must find the lane then (answered first, a loaded host
+        # read a striped header before the lane was in ``_in`` and dropped the peer).
         with self._lock:
             old = self._in.setdefault(peer, {}).get(lane)
             self._in[peer][lane] = sock
         if old is not None:
             old.close()
+        try:
+            sock.sendall(ACCEPTED)
+        except OSError:
+            with self._lock:
+                if self._in.get(peer, {}).get(lane) is sock:
+                    del self._in[peer][lane]
+            raise
 
     def incoming(self, peer: int, count: int) -> list[socket.socket] | None:
         """``peer``'s lanes 1..count-1 to this rank, or None if one is missing."""

@@ -119,3 +119,22 @@ def test_ipv6_addresses_and_lanes(monkeypatch) -> None:
         assert a._addrs[0].startswith("::1,127.0.0.1:")
     finally:
         close_all(a, b)
+
+
+def test_a_lane_is_registered_before_its_dialer_is_answered() -> None:
+    """The dialer stripes its next message as soon as it reads the answer: this rank's
+    receiver must find the lane by then (answered first, a loaded host read a striped header
+    before the lane was registered and dropped the peer: "over lanes it did not open")."""
+    lanes = tcp_lanes.Lanes(0, ["127.0.0.1", "127.0.0.2"], None, True, lambda s: None)
+    seen: list[object] = []
+
+    class Answering:
+        def sendall(self, data: bytes) -> None:
+            seen.append(lanes.incoming(1, 2))
+
+        def close(self) -> None:
+            pass
+
+    sock = Answering()
+    lanes.admit(1, 1, sock)  # type: ignore[arg-type]
+    assert seen == [[sock]]
