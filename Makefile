@@ -20,6 +20,9 @@
 #               tests torch gates on the name gloo against pyc10d; prints the table that
 #               docs/coming-from-torch.md shows
 #               (minutes; results in benchmarks/results/torch_suite; a slice runs in make test)
+#   make test-worlds  the conformance families (tests/test_conformance.py) at every world size
+#               1-33 on threaded and tcp, and the logarithmic algorithms at 1-33 (make test:
+#               5 and 9 ranks); hours on 2 cores (WORLDS_TIMEOUT: seconds per launch)
 #   make lint   ruff
 
 PYTHON ?= python3
@@ -31,7 +34,10 @@ BENCH_ARGS ?=
 FUZZ_FRAMES ?= 100000
 PROPERTY_EXAMPLES ?= 3000
 
-.PHONY: venv demo test test-launchers fuzz chaos bench torch-suite lint clean
+# A launch of 33 processes on 2 cores runs for minutes: the per-test limit of test-worlds.
+WORLDS_TIMEOUT ?= 1800
+
+.PHONY: venv demo test test-launchers test-worlds fuzz chaos bench torch-suite lint clean
 
 venv: $(STAMP)
 
@@ -69,9 +75,14 @@ test-launchers: $(STAMP)
 		DEBIAN_FRONTEND=noninteractive apt-get install -y openmpi-bin; }
 	$(PY) -m pytest tests/test_launchers.py tests/test_run.py -p no:cacheprovider
 
+# Not part of `make test` (which samples 5 and 9 ranks); --durations=0 lists every launch's seconds.
+test-worlds: $(STAMP)
+	PYC10D_ALL_WORLDS=1 PYC10D_WORLDS_TIMEOUT=$(WORLDS_TIMEOUT) $(PY) -m pytest -p no:cacheprovider --durations=0 \
+		-n $(TEST_WORKERS) --dist loadgroup tests/test_conformance.py tests/algorithms/test_logarithmic.py
+
 # Not part of `make test` (which runs the same tests with a few thousand frames): minutes.
 fuzz: $(STAMP)
-	PYC10D_FUZZ_FRAMES=$(FUZZ_FRAMES) PYC10D_FUZZ_HANDSHAKES=100000 $(PY) -m pytest -p no:cacheprovider -s \
+	PYC10D_FUZZ_FRAMES=$(FUZZ_FRAMES) PYC10D_FUZZ_HANDSHAKES=100000 $(PY) -m pytest -p no:cacheprovider --durations=0 \
 		tests/store/test_store_fuzz.py::test_fuzz_server tests/transport/test_tcp_fuzz.py
 	PYC10D_PROPERTY_EXAMPLES=$(PROPERTY_EXAMPLES) $(PY) -m pytest -p no:cacheprovider tests/test_properties.py
 
