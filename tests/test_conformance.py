@@ -1,4 +1,6 @@
-"""Conformance of every collective, for every backend in ``BACKENDS``, world sizes 1-4.
+"""Conformance of every collective, for every backend in ``BACKENDS``, world sizes 1-4; above
+4 ranks (where ``select`` asks the cost model) a sample on threaded and tcp, and every size
+5-33 with PYC10D_ALL_WORLDS=1 (``make test-worlds``).
 
 One test = one multi-rank launch for (backend, world size, family); inside it every rank
 loops over the family's collectives x dtypes x sizes (x ops, x roots) and compares each
@@ -8,7 +10,8 @@ lists every failing case.
 
 Most families run with the ring thresholds and ``SEGMENT_BYTES`` patched small (``PATCHED``),
 so sizes up to ``LARGE`` elements exercise the direct and the ring algorithms and multi-segment
-pipelines cheaply; the ``defaults`` family checks the unpatched thresholds with real sizes.
+pipelines cheaply (above 4 ranks: a cost model whose bytes cost 128x more, see ``PATCHED``);
+the ``defaults`` family checks the unpatched thresholds and model with real sizes.
 """
 
 from __future__ import annotations
