@@ -26,6 +26,9 @@
 #   make chaos-torchft  200 failures under torchft (tests/chaos_torchft.py): replica groups on
 #               ProcessGroupPyc10d, one SIGKILLed and restarted at a time; then the recovery
 #               bench beside torchft's Gloo classes (python -m pyc10d.bench.torchft_recovery)
+#   make test-worlds  the conformance families (tests/test_conformance.py) at every world size
+#               1-33 on threaded and tcp, and the logarithmic algorithms at 1-33 (make test:
+#               5 and 9 ranks); hours on 2 cores (WORLDS_TIMEOUT: seconds per launch)
 #   make lint   ruff
 
 PYTHON ?= python3
@@ -37,7 +40,10 @@ BENCH_ARGS ?=
 FUZZ_FRAMES ?= 100000
 PROPERTY_EXAMPLES ?= 3000
 
-.PHONY: venv demo test test-launchers fuzz chaos bench torch-suite test-torchft chaos-torchft lint clean
+# A launch of 33 processes on 2 cores runs for minutes: the per-test limit of test-worlds.
+WORLDS_TIMEOUT ?= 1800
+
+.PHONY: venv demo test test-launchers test-worlds fuzz chaos bench torch-suite test-torchft chaos-torchft lint clean
 
 venv: $(STAMP)
 
@@ -75,9 +81,14 @@ test-launchers: $(STAMP)
 		DEBIAN_FRONTEND=noninteractive apt-get install -y openmpi-bin; }
 	$(PY) -m pytest tests/test_launchers.py tests/test_run.py -p no:cacheprovider
 
+# Not part of `make test` (which samples 5 and 9 ranks); --durations=0 lists every launch's seconds.
+test-worlds: $(STAMP)
+	PYC10D_ALL_WORLDS=1 PYC10D_WORLDS_TIMEOUT=$(WORLDS_TIMEOUT) $(PY) -m pytest -p no:cacheprovider --durations=0 \
+		-n $(TEST_WORKERS) --dist loadgroup tests/test_conformance.py tests/algorithms/test_logarithmic.py
+
 # Not part of `make test` (which runs the same tests with a few thousand frames): minutes.
 fuzz: $(STAMP)
-	PYC10D_FUZZ_FRAMES=$(FUZZ_FRAMES) PYC10D_FUZZ_HANDSHAKES=100000 $(PY) -m pytest -p no:cacheprovider -s \
+	PYC10D_FUZZ_FRAMES=$(FUZZ_FRAMES) PYC10D_FUZZ_HANDSHAKES=100000 $(PY) -m pytest -p no:cacheprovider --durations=0 \
 		tests/store/test_store_fuzz.py::test_fuzz_server tests/transport/test_tcp_fuzz.py
 	PYC10D_PROPERTY_EXAMPLES=$(PROPERTY_EXAMPLES) $(PY) -m pytest -p no:cacheprovider tests/test_properties.py
 

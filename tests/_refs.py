@@ -11,6 +11,8 @@ import zlib
 
 import torch
 
+from pyc10d.algorithms.cost import Model
+
 DTYPES: list[torch.dtype] = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
     torch.int32, torch.int64, torch.bool, torch.complex64,
@@ -30,20 +32,42 @@ PATCHED = {
     "pyc10d.algorithms.SMALL_ALLGATHER": 1024,
     "pyc10d.algorithms.segments.SEGMENT_BYTES": 512,
     "pyc10d.backends.shm.SLOT_BYTES": 1024,
+    # Above SMALL_WORLD ranks ``select`` asks the cost model, not the thresholds above: bytes
+    # 128x dearer (the thresholds are 64-256x below their defaults) move its crossovers into
+    # these sizes too, so that 5-33 ranks take the latency-bound algorithms (direct, recursive
+    # doubling, binomial) for the small cases and the bandwidth-bound ones (ring, Rabenseifner,
+    # recursive halving, scatter + doubling) for the large (``test_patched_model_covers``).
+    "pyc10d.algorithms.MODEL": Model(beta=128 / 1.25e9, gamma=128 / 2.0e9),
 }
+
+#: Ranks below this contribute values in [-4, 4] to every case; the others contribute -1 or 1
+#: to a PRODUCT, so that a product over 33 ranks stays within 4**4 = 256 in magnitude (exact
+#: in bfloat16, which has 8 significant bits) in every order, and never overflows float16.
+FULL_RANGE_RANKS = 4
 
 
 def short(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def gen(key: str, rank: int, dtype: torch.dtype, shape: tuple[int, ...] | int) -> torch.Tensor:
-    """The input of ``rank`` for case ``key``: small integer values, so that sums and products
-    of up to 5 ranks are exact in every dtype (even float16/bfloat16) in any order."""
+def gen(key: str, rank: int, dtype: torch.dtype, shape: tuple[int, ...] | int,
+        op: str | None = None) -> torch.Tensor:
+    """The input of ``rank`` for case ``key`` of reduction ``op`` (None: not a reduction).
+
+    Small integers, so that every reduction over up to 33 ranks is exact in every dtype in any
+    order: |sum| <= 33 * 4 = 132 (x2 for PREMUL_SUM_T: even values up to 264), exact in
+    bfloat16 (integers to 256, even ones to 512) and float16 (integers to 2048); integer sums
+    and products wrap, in the reference as in the collective (the same value modulo 2**bits).
+    A PRODUCT takes values in [-4, 4] from the first ``FULL_RANGE_RANKS`` ranks only, and -1 or
+    1 from the others: over 33 factors in [-4, 4] the partial products leave bfloat16's exact
+    range (and float16's 65504), and the result depends on the order of multiplication. Below
+    ``FULL_RANGE_RANKS`` ranks every ``op`` gives the same values as no ``op``."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     g = torch.Generator().manual_seed(zlib.crc32(f"{key}|{rank}".encode()))
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=g).bool()
+    if op == "PRODUCT" and rank >= FULL_RANGE_RANKS:
+        return (torch.randint(0, 2, shape, generator=g) * 2 - 1).to(dtype)
     if dtype.is_complex:
         re = torch.randint(-4, 5, shape, generator=g).float()
         im = torch.randint(-4, 5, shape, generator=g).float()

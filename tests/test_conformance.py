@@ -1,4 +1,6 @@
-"""Conformance of every collective, for every backend in ``BACKENDS``, world sizes 1-4.
+"""Conformance of every collective, for every backend in ``BACKENDS``, world sizes 1-4; above
+4 ranks (where ``select`` asks the cost model) a sample on threaded and tcp, and every size
+5-33 with PYC10D_ALL_WORLDS=1 (``make test-worlds``).
 
 One test = one multi-rank launch for (backend, world size, family); inside it every rank
 loops over the family's collectives x dtypes x sizes (x ops, x roots) and compares each
@@ -8,11 +10,14 @@ lists every failing case.
 
 Most families run with the ring thresholds and ``SEGMENT_BYTES`` patched small (``PATCHED``),
 so sizes up to ``LARGE`` elements exercise the direct and the ring algorithms and multi-segment
-pipelines cheaply; the ``defaults`` family checks the unpatched thresholds with real sizes.
+pipelines cheaply (above 4 ranks: a cost model whose bytes cost 128x more, see ``PATCHED``);
+the ``defaults`` family checks the unpatched thresholds and model with real sizes.
 """
 
 from __future__ import annotations
 
+import os
+import time
 import warnings
 
 import pytest
@@ -23,6 +28,7 @@ from _refs import (
     FLOATS,
     PATCHED,
     Check,
+    factor_of,
     gen,
     guard_ok,
     op_names,
@@ -33,10 +39,16 @@ from _refs import (
 )
 
 import pyc10d as dist
+from pyc10d.algorithms import cost
+from pyc10d.algorithms.cost import Model
 
 #: Every threshold at 0 and 8-byte segments: rings even for 1 element (blocks empty when n < ws).
+#: Above 4 ranks, a model where only bytes cost (and a step a trillionth of a byte, to break
+#: ties): the bandwidth-bound algorithms (ring, Rabenseifner, halving, chain, scatter +
+#: doubling) on tensors of fewer elements than ranks.
 RING_EVERYWHERE = {k: 0 for k in PATCHED if ".SMALL_" in k} | {
     "pyc10d.algorithms.segments.SEGMENT_BYTES": 8, "pyc10d.backends.shm.SLOT_BYTES": 256,
+    "pyc10d.algorithms.MODEL": Model(alpha=1e-12, o=1e-12, beta=1e-6, gamma=1e-6),
 }
 #: > every patched threshold for 1-byte dtypes too; prime, so never divisible by the world size.
 LARGE = 4099
@@ -53,14 +65,14 @@ def fam_all_reduce(rank: int, ws: int) -> int:
         for n in SHAPES:
             for name in op_names(dtype):
                 key = f"ar/{short(dtype)}/{n}/{name}"
-                xs = [gen(key, r, dtype, n) for r in range(ws)]
+                xs = [gen(key, r, dtype, n, name) for r in range(ws)]
                 t = xs[rank].clone()
                 dist.all_reduce(t, op=reduce_op(dist, name))
                 c.eq(t, ref_reduce(xs, name), key, approx=name == "AVG")
         # non-contiguous and 2-D inputs, every op
         for name in op_names(dtype):
             key = f"ar-strided/{short(dtype)}/{name}"
-            xs = [gen(key, r, dtype, (37, 29)) for r in range(ws)]
+            xs = [gen(key, r, dtype, (37, 29), name) for r in range(ws)]
             view, base = strided(xs[rank].t())
             dist.all_reduce(view, op=reduce_op(dist, name))
             c.eq(view, ref_reduce([x.t() for x in xs], name), key, approx=name == "AVG")
@@ -99,7 +111,7 @@ def fam_reduce(rank: int, ws: int) -> int:
                 i = len(str(n)) + dst  # rotate through every op over sizes and roots
                 for name in dict.fromkeys([names[i % len(names)], names[(i + 1) % len(names)]]):
                     key = f"red/{dst}/{short(dtype)}/{n}/{name}"
-                    xs = [gen(key, r, dtype, n) for r in range(ws)]
+                    xs = [gen(key, r, dtype, n, name) for r in range(ws)]
                     t = xs[rank].clone()
                     dist.reduce(t, dst=dst, op=reduce_op(dist, name))
                     if rank == dst:
@@ -186,24 +198,27 @@ def fam_reduce_scatter(rank: int, ws: int) -> int:
         for n in SIZES:
             for name in names:
                 key = f"rst/{short(dtype)}/{n}/{name}"
-                xs = [gen(key, r, dtype, ws * n) for r in range(ws)]
-                want = ref_reduce([x.view(ws, n)[rank] for x in xs], name)
+                # a rank's input is ws blocks generated apart, so that the reference needs
+                # block `rank` of every rank only (at 33 ranks, 1/33 of the random numbers)
+                inp = torch.cat([gen(f"{key}/{j}", rank, dtype, n, name) for j in range(ws)])
+                want = ref_reduce([gen(f"{key}/{rank}", r, dtype, n, name) for r in range(ws)], name)
                 out = torch.empty(n, dtype=dtype)
-                dist.reduce_scatter_tensor(out, xs[rank], op=reduce_op(dist, name))
+                dist.reduce_scatter_tensor(out, inp, op=reduce_op(dist, name))
                 c.eq(out, want, f"{key} (concat)", approx=name == "AVG")
             name = names[n % len(names)]
             key = f"rst2/{short(dtype)}/{n}/{name}"
-            xs = [gen(key, r, dtype, (ws, n)) for r in range(ws)]
+            xs = [gen(key, r, dtype, (ws, n), name) for r in range(ws)]
             out = torch.empty(n, dtype=dtype)
             dist.reduce_scatter_tensor(out, xs[rank], op=reduce_op(dist, name))
             c.eq(out, ref_reduce([x[rank] for x in xs], name), f"{key} (stack)", approx=name == "AVG")
             for name in dict.fromkeys([names[0], names[(n + 2) % len(names)]]):
                 key = f"rs/{short(dtype)}/{n}/{name}"
-                xs = [[gen(f"{key}/{j}", r, dtype, n) for j in range(ws)] for r in range(ws)]
+                # this rank's blocks, and block `rank` of every rank (not all ws * ws blocks)
+                mine = [gen(f"{key}/{j}", rank, dtype, n, name) for j in range(ws)]
+                theirs = [gen(f"{key}/{rank}", r, dtype, n, name) for r in range(ws)]
                 out = torch.empty(n, dtype=dtype)
-                dist.reduce_scatter(out, xs[rank], op=reduce_op(dist, name))
-                c.eq(out, ref_reduce([xs[r][rank] for r in range(ws)], name), f"{key} (list)",
-                     approx=name == "AVG")
+                dist.reduce_scatter(out, mine, op=reduce_op(dist, name))
+                c.eq(out, ref_reduce(theirs, name), f"{key} (list)", approx=name == "AVG")
         key = f"rs-strided/{short(dtype)}"
         xs = [gen(key, r, dtype, (ws * 5, 3)) for r in range(ws)]
         inp, _ = strided(xs[rank])
@@ -578,63 +593,76 @@ def fam_subgroups(rank: int, ws: int) -> int:
     return c.finish()
 
 
+def _streamed(key: str, ws: int, dtype: torch.dtype, n: int, name: str) -> torch.Tensor:
+    """``ref_reduce`` of every rank's ``gen(key, r, dtype, n)``, one input in memory at a time
+    (at 33 ranks the full list is gigabytes per rank, and every rank builds it)."""
+    acc = gen(key, 0, dtype, n).to(torch.float64 if dtype.is_floating_point else torch.int64)
+    for r in range(1, ws):
+        x = gen(key, r, dtype, n)
+        acc = acc.add_(x) if name == "SUM" else torch.maximum(acc, x.to(acc.dtype), out=acc)
+    return acc.to(dtype)
+
+
 def fam_defaults(rank: int, ws: int) -> int:
-    """Unpatched thresholds and segments: sizes around and well above them (float32/int64)."""
+    """Unpatched thresholds and segments: sizes around and well above them (float32/int64).
+    The largest tensor is ``min(ws, 4)`` segments (and 4099 elements): at 4 ranks a ring block
+    over a segment, at 33 ranks a message in the ring's range of the cost model."""
     from pyc10d import algorithms as algo
     from pyc10d.algorithms import segments
 
     c = Check(rank)
     seg = segments.SEGMENT_BYTES
-    sizes = [algo.SMALL_ALLREDUCE // 4, algo.SMALL_ALLREDUCE // 4 + 1, (ws * seg) // 4 + 4099]
+    sizes = [algo.SMALL_ALLREDUCE // 4, algo.SMALL_ALLREDUCE // 4 + 1, (min(ws, 4) * seg) // 4 + 4099]
     for dtype in (torch.float32, torch.int64):
         for n in sizes:
             key = f"big/{short(dtype)}/{n}"
-            xs = [gen(key, r, dtype, n) for r in range(ws)]
-            t = xs[rank].clone()
+            t = gen(key, rank, dtype, n)
             dist.all_reduce(t)
-            c.eq(t, ref_reduce(xs, "SUM"), f"{key} all_reduce")
+            c.eq(t, _streamed(key, ws, dtype, n, "SUM"), f"{key} all_reduce")
             t = gen(f"{key}/bc", rank, dtype, n)
             dist.broadcast(t, src=ws - 1)
             c.eq(t, gen(f"{key}/bc", ws - 1, dtype, n), f"{key} broadcast")
-            t = xs[rank].clone()
+            t = gen(key, rank, dtype, n)
             dist.reduce(t, dst=0, op=dist.ReduceOp.MAX)
             if rank == 0:
-                c.eq(t, ref_reduce(xs, "MAX"), f"{key} reduce")
+                c.eq(t, _streamed(key, ws, dtype, n, "MAX"), f"{key} reduce")
     n = seg // 4 + 1009  # a block larger than one segment
     key = f"big-ag/{n}"
     out = torch.empty(ws * n)
     dist.all_gather_into_tensor(out, gen(key, rank, torch.float32, n))
     c.eq(out, torch.cat([gen(key, r, torch.float32, n) for r in range(ws)]), f"{key} all_gather")
-    xs = [gen(key, r, torch.float32, ws * n) for r in range(ws)]
-    out = torch.empty(n)
-    dist.reduce_scatter_tensor(out, xs[rank])
-    c.eq(out, ref_reduce([x.view(ws, n)[rank] for x in xs], "SUM"), f"{key} reduce_scatter")
-    # repeat with reused scratch buffers, a different size
-    xs = [gen(key + "again", r, torch.float32, ws * (n - 7)) for r in range(ws)]
-    out = torch.empty(n - 7)
-    dist.reduce_scatter_tensor(out, xs[rank])
-    c.eq(out, ref_reduce([x.view(ws, n - 7)[rank] for x in xs], "SUM"), f"{key} reduce_scatter again")
+    # reduce_scatter: rank r's input is the blocks gen(f"{key}/{j}", r) for j = 0..ws-1, so
+    # a rank's reference needs only its own block of every rank
+    for m, again in ((n, ""), (n - 7, "again")):  # again: reused scratch buffers, a new size
+        inp = torch.cat([gen(f"{key}{again}/{j}", rank, torch.float32, m) for j in range(ws)])
+        out = torch.empty(m)
+        dist.reduce_scatter_tensor(out, inp)
+        del inp
+        c.eq(out, _streamed(f"{key}{again}/{rank}", ws, torch.float32, m, "SUM"),
+             f"{key} reduce_scatter {again}")
     return c.finish()
 
 
 def fam_ring_everywhere(rank: int, ws: int) -> int:
-    """Every threshold 0: ring algorithms on tiny tensors (fewer elements than ranks)."""
+    """Every threshold 0: ring algorithms on tiny tensors (fewer elements than ranks). Above
+    9 ranks broadcast and reduce take 5 roots, not all (the families above take every root)."""
     c = Check(rank)
+    roots = range(ws) if ws <= 9 else sorted({0, 1, ws // 2, ws - 2, ws - 1})
     for dtype in (torch.float32, torch.int64, torch.bool, torch.float16, torch.complex64):
         for n in list(range(0, ws + 3)) + [101]:
             key = f"ring/{short(dtype)}/{n}"
             for name in op_names(dtype)[:3]:
-                xs = [gen(f"{key}/{name}", r, dtype, n) for r in range(ws)]
+                xs = [gen(f"{key}/{name}", r, dtype, n, name) for r in range(ws)]
                 t = xs[rank].clone()
                 dist.all_reduce(t, op=reduce_op(dist, name))
                 c.eq(t, ref_reduce(xs, name), f"{key} all_reduce {name}", approx=name == "AVG")
-                for root in range(ws):
+                for root in roots:
                     t = xs[rank].clone()
                     dist.reduce(t, dst=root, op=reduce_op(dist, name))
                     if rank == root:
                         c.eq(t, ref_reduce(xs, name), f"{key} reduce {name} dst {root}",
                              approx=name == "AVG")
-            for root in range(ws):
+            for root in roots:
                 t = gen(f"{key}/bc", rank, dtype, n)
                 dist.broadcast(t, src=root)
                 c.eq(t, gen(f"{key}/bc", root, dtype, n), f"{key} broadcast src {root}")
@@ -676,6 +704,98 @@ def test_conformance(backend: str, world_size: int, family: str) -> None:
     fn, patches = FAMILIES[family]
     counts = run_ranks(backend, world_size, fn, timeout=RUN_TIMEOUT, patches=patches)
     assert all(n > 0 for n in counts)
+
+
+# -- above 4 ranks: the cost model's algorithms (5-33 ranks) -----------------------------------
+#: ``make test`` samples (threaded: every family at 5 and 9 ranks but one; tcp: two families
+#: at 5);
+#: PYC10D_ALL_WORLDS=1 (``make test-worlds``) runs every family at every size 5-33 on both.
+ALL_WORLDS = bool(os.environ.get("PYC10D_ALL_WORLDS"))
+#: The per-test limit of ``make test-worlds`` (PYC10D_WORLDS_TIMEOUT seconds): a launch of
+#: 33 processes on 2 cores runs for minutes.
+WORLDS_TIMEOUT = float(os.environ.get("PYC10D_WORLDS_TIMEOUT", "60"))
+BIG_WORLDS = list(range(5, 34)) if ALL_WORLDS else [5, 9]
+TCP_SAMPLE = list(FAMILIES) if ALL_WORLDS else ["all_reduce", "reduce_scatter"]
+#: ring_everywhere at 9 ranks takes 18 s of make test's time: it runs at 5.
+BIG_CASES = [("threaded", ws, f) for ws in BIG_WORLDS for f in FAMILIES
+             if ALL_WORLDS or (ws, f) != (9, "ring_everywhere")] + [
+    ("tcp", ws, f) for ws in (BIG_WORLDS if ALL_WORLDS else [5]) for f in TCP_SAMPLE]
+
+
+@pytest.mark.timeout(WORLDS_TIMEOUT)
+@pytest.mark.parametrize(("backend", "world_size", "family"), BIG_CASES,
+                         ids=[f"{b}-ws{w}-{f}" for b, w, f in BIG_CASES])
+def test_conformance_big_worlds(backend: str, world_size: int, family: str) -> None:
+    fn, patches = FAMILIES[family]
+    t0 = time.monotonic()
+    counts = run_ranks(backend, world_size, fn, timeout=WORLDS_TIMEOUT - 10, patches=patches)
+    assert all(n > 0 for n in counts)
+    if ALL_WORLDS:
+        print(f"\n{backend} ws={world_size} {family}: {time.monotonic() - t0:.1f} s", flush=True)
+
+
+def _family_bytes(itemsizes: tuple[int, ...], elements: list[int]) -> set[int]:
+    return {e * b for e in elements for b in itemsizes}
+
+
+def test_patched_model_covers_small_and_large_algorithms() -> None:
+    """At every size 5-33 the patched models make ``select`` pick, over the sizes the families
+    use, a latency-bound and a bandwidth-bound algorithm of every collective that has both
+    within the peer budget (all_gather: Bruck and recursive doubling move the same bytes as
+    the ring in fewer steps, so they win at every size)."""
+    seg = PATCHED["pyc10d.algorithms.segments.SEGMENT_BYTES"]
+    model = PATCHED["pyc10d.algorithms.MODEL"]
+    sizes = _family_bytes((1, 2, 4, 8, 16), [0, 1, 1009, LARGE, 37 * 29, 13 * 11, 9 * 7])
+    small = {"allreduce": {"allreduce_direct", "allreduce_recursive_doubling"},
+             "broadcast": {"broadcast_direct", "broadcast_binomial"},
+             "reduce": {"reduce_direct", "reduce_binomial"}}
+    large = {"allreduce": {"allreduce_ring", "allreduce_rabenseifner"},
+             "broadcast": {"broadcast_scatter_allgather", "broadcast_scatter_doubling", "broadcast_chain"},
+             "reduce": {"reduce_ring", "reduce_rabenseifner"},
+             "reduce_scatter": {"reduce_scatter_ring", "reduce_scatter_halving"}}
+    for ws in range(5, 34):
+        for coll in small:
+            got = {cost.cheapest(coll, ws, s, model, seg) for s in sizes}
+            assert got & small[coll] and got & large[coll], f"{coll} at {ws} ranks: only {got}"
+        # the thresholds of ring_everywhere: bandwidth-bound algorithms on tiny tensors
+        ring_model = RING_EVERYWHERE["pyc10d.algorithms.MODEL"]
+        tiny = _family_bytes((1, 2, 4, 8), list(range(1, ws + 3)))
+        for coll, names in large.items():
+            got = {cost.cheapest(coll, ws, s, ring_model, 8) for s in tiny}
+            if coll != "reduce_scatter" or ws > 9:  # below, the flat one moves no more bytes
+                assert got & names, f"ring_everywhere: {coll} at {ws} ranks: only {got}"
+    # every logarithmic algorithm is taken at some size of some family
+    taken = {cost.cheapest(c, ws, s, m, g) for c in cost.COSTS for ws in range(5, 34)
+             for s, m, g in [(s, model, seg) for s in sizes] + [(s, ring_model, 8) for s in tiny]}
+    assert {n for names in cost.COSTS.values() for n in names} - taken <= {"allgather_ring"}
+
+
+def test_reference_exact_at_33_ranks() -> None:
+    """The references hold for every order a collective may reduce in: over 33 ranks each
+    case reduced in the dtype itself left to right, right to left and as a tree gives the
+    reference exactly (AVG: the sum, divided once)."""
+    import functools
+
+    def kernel(name: str):  # noqa: ANN202
+        return {"PRODUCT": torch.mul, "MIN": torch.minimum, "MAX": torch.maximum,
+                "BAND": torch.bitwise_and, "BOR": torch.bitwise_or,
+                "BXOR": torch.bitwise_xor}.get(name, torch.add)
+
+    def tree(xs: list, f):  # noqa: ANN001, ANN202
+        return xs[0] if len(xs) == 1 else f(tree(xs[:len(xs) // 2], f), tree(xs[len(xs) // 2:], f))
+
+    for dtype in [d for d in DTYPES if d != torch.bool]:
+        for name in op_names(dtype):
+            xs = [gen(f"exact/{name}", r, dtype, 4099, name) for r in range(33)]
+            want = ref_reduce(xs, "SUM" if name == "AVG" else name)
+            if name.startswith("PREMUL_SUM"):
+                xs = [x * factor_of(name) for x in xs]
+            f = kernel(name)
+            for order in (xs, xs[::-1], xs[5:] + xs[:5]):
+                assert torch.equal(functools.reduce(f, order), want), f"{short(dtype)} {name}"
+                assert torch.equal(tree(order, f), want), f"{short(dtype)} {name} (tree)"
+            if name == "PRODUCT" and dtype.is_floating_point:
+                assert want.abs().max() > 16 and (want < 0).any(), "products too weak to tell"
 
 
 def test_reference_helpers() -> None:

@@ -58,9 +58,16 @@ SMALL_ALLGATHER = 64 * 1024
 MODEL = cost.Model()
 _FNS: dict[str, object] = {}
 _CHOSEN: dict[tuple[str, int, int], object] = {}
+#: The (MODEL, SEGMENT_BYTES) that ``_CHOSEN``'s entries were chosen under: a new model or
+#: segment size (patched by a test, retuned by a caller) empties the cache rather than leave
+#: the old choices in force.
+_CHOSEN_FOR: list = [None, None]
 
 
 def _by_model(collective: str, world_size: int, nbytes: int):  # noqa: ANN202
+    if _CHOSEN_FOR[0] is not MODEL or _CHOSEN_FOR[1] != segments.SEGMENT_BYTES:
+        _CHOSEN.clear()
+        _CHOSEN_FOR[:] = [MODEL, segments.SEGMENT_BYTES]
     key = (collective, world_size, nbytes)
     fn = _CHOSEN.get(key)
     if fn is None:

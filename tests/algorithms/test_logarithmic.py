@@ -319,3 +319,20 @@ def test_model_prefers_what_costs_less(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(algo, "MODEL", cost.Model(alpha=1.0, o=0.0, beta=0.0, gamma=0.0))
     monkeypatch.setattr(algo, "_CHOSEN", {})
     assert algo.select("allreduce", 24, 1 << 24) is algo.allreduce_recursive_doubling
+
+
+def test_new_model_or_segment_size_replaces_cached_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``select`` caches its choice per (collective, n, size): patching MODEL (as the docs and
+    the conformance suite do) or SEGMENT_BYTES must not leave the old model's choice in force."""
+    from pyc10d.algorithms import cost, segments
+
+    monkeypatch.setattr(algo, "MODEL", cost.Model(alpha=1.0, o=0.0, beta=0.0, gamma=0.0))
+    assert algo.select("allreduce", 24, 4096) is algo.allreduce_recursive_doubling
+    monkeypatch.setattr(algo, "MODEL", cost.Model(alpha=0.0, o=0.0, beta=1e-9, gamma=1e-9))
+    assert algo.select("allreduce", 24, 4096) is algo.allreduce_ring
+    # the chain's cost depends on the segment size: 8 B segments make it the cheapest
+    monkeypatch.setattr(algo, "MODEL", cost.Model(alpha=1e-12, o=1e-12, beta=1e-6, gamma=1e-6))
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 1 << 20)
+    first = algo.select("broadcast", 12, 404)
+    monkeypatch.setattr(segments, "SEGMENT_BYTES", 8)
+    assert algo.select("broadcast", 12, 404) is algo.broadcast_chain is not first
