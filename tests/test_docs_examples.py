@@ -36,7 +36,7 @@ PINNED: dict[tuple[str, str], str | None] = {
     # api: DDP's two imports resolve (exit 0 is the check)
     ("docs/api.md", "ace49efa03a4"): "",
     # coming from torch: init_process_group("pyc10d") with torch's API only
-    ("docs/coming-from-torch.md", "63bfc4a2196b"): "rank 0 on pyc10d",
+    ("docs/coming-from-torch.md", "9c9cd638acb2"): "rank 0 on pyc10d",
     # coming from torch: torch.distributed.checkpoint save and load on the plugin
     ("docs/coming-from-torch.md", "777f62b1cfb8"): "checkpoint saved and restored on pyc10d",
     # failures: profiler ranges of a collective
