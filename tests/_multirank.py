@@ -121,6 +121,7 @@ def _body(rank: int, world_size: int, backend: str, fn: Callable[..., Any], args
 
 def _child(rank: int, conn: Any, stack_path: str, patches: dict[str, Any] | None, *rest: Any) -> None:
     gc.freeze()  # no full GC pass over the parent's heap: see MultiProcessTestCase._run_rank
+    gc.enable()  # (run_ranks forks with the collector off: see there)
     stack_file = open(stack_path, "w")  # noqa: SIM115 - lives as long as the process
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
     torch.set_num_threads(1)
@@ -179,6 +180,11 @@ def run_ranks(
     tmp = tempfile.mkdtemp(prefix="pyc10d-ranks-")
     store_path = os.path.join(tmp, "store")
     procs, conns = [], {}
+    # The parent's garbage is collected here, and the collector is off across the forks: a
+    # child that collected the parent's leftover groups (an earlier in-process test's shm
+    # arenas) while forking died of SIGSEGV before running a line of its own.
+    gc.collect()
+    gc.disable()
     try:
         for rank in range(world_size):
             recv_end, send_end = FORK.Pipe(duplex=False)
@@ -193,6 +199,7 @@ def run_ranks(
             send_end.close()
             procs.append(p)
             conns[recv_end] = rank
+        gc.enable()
         results: dict[int, tuple] = {}
         deadline = time.monotonic() + timeout
         while conns:
@@ -223,6 +230,7 @@ def run_ranks(
         return [_Exited(results[r][1]) if results[r][0] == "exited" else results[r][1]
                 for r in range(world_size)]
     finally:
+        gc.enable()
         for conn in conns:
             conn.close()
         for p in procs:

@@ -87,10 +87,16 @@ def release_on_drop(owner: object, engine: Any) -> None:
     engine owns, so the peers raise "Connection closed by peer" at once. Not at interpreter
     exit (``atexit``): a process that ends closes everything anyway.
     """
-    weakref.finalize(owner, _release, engine).atexit = False
+    weakref.finalize(owner, _release, engine, os.getpid()).atexit = False
 
 
-def _release(engine: Any) -> None:
+def _release(engine: Any, pid: int) -> None:
+    # Only in the process that made the group: a forked child inherits the parent's objects
+    # (and collects them), but not its threads, and its copies of the sockets and mappings are
+    # the parent's connections: shutting them down there would break the parent's group, and
+    # touching its arena crashed the child.
+    if os.getpid() != pid:
+        return
     # A pyc10d thread (progress, receiver) may drop the last reference (a Work's callback,
     # or a cycle collected mid-operation): ``shutdown`` joins those threads, so it runs on
     # a thread of its own there.

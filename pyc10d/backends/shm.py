@@ -286,8 +286,11 @@ class ShmBackend(Backend):
             arena.cancel(DistBackendError(
                 f"process group {self.group_name!r} was destroyed with operations pending"))
         super().shutdown()
+        # Two threads may shut one group down at once (torchft aborts from a watchdog thread
+        # while the owner shuts down): exactly one of them takes the arena and closes it.
+        with self._lock:
+            arena, self._arena = self._arena, None
         if arena is not None:
-            self._arena = None
             arena.close()
 
 

@@ -391,4 +391,5 @@ class Arena:
         self._typed.clear()
         self.words = self._meta_words = None  # type: ignore[assignment]
         seg, self.seg = self.seg, None  # type: ignore[assignment]
-        seg.close()
+        if seg is not None:  # (another thread's close took it meanwhile)
+            seg.close()
