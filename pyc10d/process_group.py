@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from .backends import Options
-from .backends.base import release_on_drop
 from .backends.fake import FakeBackend
 from .backends.hier import create_auto, create_hier
 from .backends.lane import LaneOps
+from .backends.lifetime import release_on_drop
 from .backends.shm import ShmBackend
 from .backends.tcp import Backend as _Engine
 from .backends.tcp import TCPBackend

@@ -29,8 +29,8 @@ from torch._C._distributed_c10d import BroadcastOptions as _BroadcastOptions
 from torch._C._distributed_c10d import ReduceScatterOptions as _ReduceScatterOptions
 from torch._C._distributed_c10d import Work as _TorchWorkBase
 
-from ..backends.base import release_on_drop
 from ..backends.lane import LaneOps
+from ..backends.lifetime import release_on_drop
 from ..backends.work import CompletedWork, Work
 from . import options as opt
 from .errors import to_torch, torch_future, translating

@@ -2,7 +2,7 @@
 
 torchft drops a failed replica's group by reference (``self._pg = None``); a Gloo group
 closes its connections in its destructor and its peers fail at once. A pyc10d engine is kept
-alive by its own threads, so without ``backends.base.release_on_drop`` its peers waited out
+alive by its own threads, so without ``backends.lifetime.release_on_drop`` its peers waited out
 their timeout. Here one rank drops its group (garbage collection off: the reference count
 alone must do it) and the others are timed; a create/use/drop loop counts threads, file
 descriptors and shared-memory segments; and the process's watchdog thread ends with the
