@@ -5,15 +5,33 @@ dies with the last user reference the way a Gloo group does; a group dropped by 
 (torchft's wrapper sets ``self._pg = None`` after a failure) would otherwise keep its threads,
 sockets and arena, and its peers would wait out their timeout. The native ``ProcessGroup`` and
 the plugin's ``TorchProcessGroup`` register here when they are made.
+
+A forked child inherits the parent's groups but none of its threads, and must never destroy
+them: what a group holds may join a thread of the parent in its destructor. torch's master
+``TCPStore`` (torchft's groups host one each) joins its server thread, and glibc, which counts
+every stack of the parent's threads as free in the child, unmaps them once the first such join
+releases a stack: the next join reads unmapped memory and the child dies of SIGSEGV, in its
+first collection, before running a line of its own (a process whose in-process ranks left
+their groups in reference cycles, then forked). So a child keeps one reference to each group
+the parent had (``keep_in_forked_children``); the collector is off across the fork, since
+``threading``'s own after-fork hook runs before this module's and may collect.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
 import os
 import threading
 import weakref
 from typing import Any
+
+#: Every group object of this process (and what else a forked child must not destroy).
+_GROUPS: weakref.WeakSet[object] = weakref.WeakSet()
+_fork_lock = threading.Lock()
+_forks_in_progress = 0
+_gc_was_enabled = False
 
 
 def release_on_drop(owner: object, engine: Any) -> None:
@@ -28,13 +46,54 @@ def release_on_drop(owner: object, engine: Any) -> None:
     exit (``atexit``): a process that ends closes everything anyway.
     """
     weakref.finalize(owner, _release, engine, os.getpid()).atexit = False
+    _GROUPS.add(owner)
+
+
+def keep_in_forked_children(obj: object) -> None:
+    """Never let a forked child destroy ``obj`` (see the module's docstring): for an object
+    that holds a group, or a resource of the parent's threads, without being one
+    (``release_on_drop`` registers the groups themselves)."""
+    _GROUPS.add(obj)
+
+
+def _before_fork() -> None:
+    # Off until the child has pinned the groups (``_in_child``): other hooks run between.
+    global _forks_in_progress, _gc_was_enabled
+    with _fork_lock:
+        if _forks_in_progress == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _forks_in_progress += 1
+
+
+def _in_parent() -> None:
+    global _forks_in_progress
+    with _fork_lock:
+        _forks_in_progress -= 1
+        if _forks_in_progress == 0 and _gc_was_enabled:
+            gc.enable()
+
+
+def _in_child() -> None:
+    # One reference each that the child never gives back: neither its collector nor its
+    # interpreter's teardown can destroy them (a list would be emptied at teardown). The
+    # pages stay shared with the parent; collecting them would only have copied them.
+    global _fork_lock, _forks_in_progress
+    for obj in list(_GROUPS):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+    _fork_lock, _forks_in_progress = threading.Lock(), 0  # (another thread may have held it)
+    if _gc_was_enabled:
+        gc.enable()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_in_parent, after_in_child=_in_child)
 
 
 def _release(engine: Any, pid: int) -> None:
     # Only in the process that made the group: a forked child inherits the parent's objects
-    # (and collects them), but not its threads, and its copies of the sockets and mappings are
-    # the parent's connections: shutting them down there would break the parent's group, and
-    # touching its arena crashed the child.
+    # but not its threads, and its copies of the sockets and mappings are the parent's
+    # connections: shutting them down there would break the parent's group. (A child keeps
+    # the parent's groups alive anyway, ``_in_child``; this holds should one slip through.)
     if os.getpid() != pid:
         return
     # A pyc10d thread (progress, receiver) may drop the last reference (a Work's callback,

@@ -25,6 +25,7 @@ from typing import Any
 import torch.distributed as tdist
 from torchft.process_group import ProcessGroupWrapper
 
+from ..backends.lifetime import keep_in_forked_children
 from ..errors import DistBackendError, with_message
 from ..process_group import make_engine
 from ..torch_backend import BACKENDS, TorchProcessGroup, TorchStoreAdapter
@@ -52,6 +53,9 @@ class ProcessGroupPyc10d(ProcessGroupWrapper):
         super().__init__(timeout=timeout)
         self._backend = backend
         self._error: BaseException | None = None
+        # torchft's base hosts a master TCPStore here (``get_reconfigure_handle``), whose
+        # destructor joins the parent's server thread: fatal in a forked child.
+        keep_in_forked_children(self)
 
     # -- reconfiguration ---------------------------------------------------------------------
     def _create_pg(self, store: Any, rank: int, world_size: int) -> tdist.ProcessGroup:

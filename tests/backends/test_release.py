@@ -15,6 +15,7 @@ import gc
 import os
 import threading
 import time
+import weakref
 from datetime import timedelta
 from typing import Any
 
@@ -195,3 +196,70 @@ def test_an_abort_reads_once(backend: str) -> None:
         assert msg.count("[flight recorder:") <= 1, msg
         assert msg.count("aborted by rank 1") <= 1, msg
         assert msg.count("group '0'") <= 2, msg  # the operation's, and the earlier one's
+
+
+def _groups_in_cycles(api: str, world: int) -> list[weakref.ref]:
+    """Groups of ``world`` ranks made as threads of this process, used once, and left live in
+    reference cycles (as a caught exception's traceback leaves them)."""
+    from pyc10d.process_group import ProcessGroup, make_engine
+    from pyc10d.store.hash import HashStore
+    from pyc10d.store.prefix import PrefixStore
+
+    store, refs = HashStore(), [None] * world
+
+    def rank_main(rank: int) -> None:
+        engine = make_engine("shm", PrefixStore("inherited", store), rank, world,
+                             timedelta(seconds=20), "inherited")
+        if api == "plugin":
+            from pyc10d.torch_backend import TorchProcessGroup
+
+            pg: Any = TorchProcessGroup(engine, rank, world, "pyc10d_shm")
+        else:
+            pg = ProcessGroup(rank, world, engine=engine, group_name="inherited")
+        t = torch.ones(4)
+        pg.allreduce([t]).wait()
+        assert t[0].item() == world
+        pg.cycle = pg
+        refs[rank] = weakref.ref(pg)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert all(r is not None and r() is not None for r in refs), "a rank failed to make its group"
+    return refs  # type: ignore[return-value]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("api", ["native", "plugin"])
+def test_a_forked_child_keeps_the_groups_it_inherits(api: str) -> None:
+    """Shm groups made by ranks as threads are garbage in reference cycles when the process
+    forks; the child's collector must leave them alone (what a group holds may join the
+    parent's threads in its destructor, fatal in a child: ``backends.lifetime``), and the
+    parent's then releases them, engines shut down."""
+    gc.collect()  # earlier tests' garbage (their torch stores included) is not this test's
+    gc.disable()  # the cycles must still be there at the fork
+    try:
+        refs = _groups_in_cycles(api, 2)
+        engines = [r().engine if api == "plugin" else r()._get_backend() for r in refs]
+        pid = os.fork()
+        if pid == 0:
+            code = 3
+            try:
+                gc.enable()
+                gc.collect()
+                code = 0 if all(r() is not None for r in refs) else 4
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        gc.enable()
+        gc.collect()
+    assert os.WIFEXITED(status), f"the child died of signal {os.WTERMSIG(status)}"
+    assert os.WEXITSTATUS(status) == 0, f"the child exited with {os.WEXITSTATUS(status)} (4: it destroyed them)"
+    assert all(r() is None for r in refs)
+    deadline = time.monotonic() + 5.0
+    while not all(e._closed for e in engines) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert all(e._closed for e in engines), "the parent's collection did not shut the engines down"

@@ -10,8 +10,12 @@ reconfiguration shuts the previous group down.
 
 from __future__ import annotations
 
+import gc
+import os
+import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -162,3 +166,56 @@ def test_backend_name_and_choice() -> None:
     assert ProcessGroupPyc10d(backend="pyc10d_tcp").getBackendName() == "torchft-pyc10d_tcp"
     with pytest.raises(ValueError, match="unknown backend 'gloo'"):
         ProcessGroupPyc10d(backend="gloo")
+
+
+def _fork_and_collect(refs: list[weakref.ref]) -> int:
+    """Fork; the child collects at once and exits 0 if the objects of ``refs`` are still
+    there, else 4. The child's wait status."""
+    pid = os.fork()
+    if pid == 0:
+        code = 3
+        try:
+            gc.enable()
+            gc.collect()
+            code = 0 if all(r() is not None for r in refs) else 4
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]
+
+
+@pytest.mark.timeout(40)
+def test_a_forked_child_survives_groups_left_in_cycles() -> None:
+    """Ranks as threads leave their groups in reference cycles (as a caught exception's
+    traceback does), live, each hosting torchft's master TCPStore; the process forks and the
+    child collects. It must not destroy them: the store's destructor joins a server thread
+    the child does not have, and the child died of SIGSEGV (``backends.lifetime``)."""
+    store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+
+    def rank_main(rank: int) -> weakref.ref:
+        pg = ProcessGroupPyc10d(timeout=timedelta(seconds=10), backend="pyc10d_shm")
+        reconfigure_with_store(pg, f"localhost:{store.port}/fork", rank, 2)
+        assert _allreduce(pg).tolist() == [2.0] * 4
+        pg._cycle = pg  # type: ignore[attr-defined]
+        return weakref.ref(pg)
+
+    gc.collect()  # earlier tests' garbage (their torch stores included) is not this test's
+    gc.disable()  # the cycles must still be there at the fork
+    try:
+        with ThreadPoolExecutor(2) as ex:
+            refs = list(ex.map(rank_main, range(2)))
+        assert all(r() is not None for r in refs)
+        status = _fork_and_collect(refs)
+    finally:
+        gc.enable()
+        gc.collect()  # here, in the process that made them, they shut down
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (
+        f"the child died of signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+        else f"the child exited with {os.WEXITSTATUS(status)} (4: it destroyed the groups)")
+    assert all(r() is None for r in refs)
