@@ -97,6 +97,7 @@ bench: $(STAMP)
 	$(PY) -m pyc10d.bench.funcol
 	$(PY) -m pyc10d.bench.percall
 	$(PY) -m pyc10d.bench.floor
+	$(PY) -m pyc10d.bench.floor --ladder tcp
 
 chaos: $(STAMP)
 	$(PY) tests/chaos.py --trials 500

@@ -20,7 +20,17 @@ def test_every_layer_runs_checked() -> None:
     assert records[-1]["adds_us"] is None and records[-1]["x_floor"] > 0  # the peer is beside, not above
 
 
-@pytest.mark.parametrize("layer", floor.LAYERS + floor.PEERS)
+def test_the_tcp_ladder_runs_checked() -> None:
+    """Its floor is the spinning socket; the blocking one sits beside it (``adds_us`` of
+    each layer is over the one before it in the ladder)."""
+    records = floor.measure(list(floor.TCP_LAYERS), k=40, loops=2)
+    by = {r["layer"]: r for r in records}
+    assert all(r["correct"] for r in records), records
+    assert by["socket_spin"]["x_floor"] == 1.0 and by["socket_block"]["adds_us"] is None
+    assert by["pyc10d_tcp"]["adds_us"] == pytest.approx(by["pyc10d_tcp"]["us"] - by["socket_spin"]["us"])
+
+
+@pytest.mark.parametrize("layer", floor.LAYERS + floor.TCP_LAYERS + floor.PEERS)
 def test_the_check_fails_when_one_op_does_nothing(layer: str) -> None:
     """Op 7 of the first timed loop does nothing on rank 0 (an exchange layer: no write, no
     wait; an all_reduce layer: reduces a clone, so the ranks stay in step)."""

@@ -199,6 +199,18 @@ def _rank_exits(rank: int, ws: int, when: str) -> float | None:
                 return send(*args, **kwargs)
 
             transport.send = dying_send
+            # tcp's lane writes through the caller's ``DirectIO`` (``transport/tcp_direct``)
+            from pyc10d.transport.tcp_direct import DirectIO
+
+            direct_send = DirectIO.send
+
+            def dying_direct_send(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+                sent[0] += 1
+                if sent[0] > 3:
+                    os._exit(17)
+                return direct_send(self, *args, **kwargs)
+
+            DirectIO.send = dying_direct_send
         else:  # "p2p": die while the others wait to receive from us
             time.sleep(0.3)
             os._exit(17)

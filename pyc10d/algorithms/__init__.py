@@ -15,7 +15,7 @@ from .allgather_direct import allgather_direct
 from .allgather_recursive_doubling import allgather_recursive_doubling
 from .allgather_ring import allgather_ring
 from .allgather_shm_chunked import allgather_shm_chunked, allgather_shm_flat_step
-from .allreduce_direct import allreduce_direct
+from .allreduce_direct import allreduce_direct, allreduce_direct_step
 from .allreduce_rabenseifner import allreduce_rabenseifner
 from .allreduce_recursive_doubling import allreduce_recursive_doubling
 from .allreduce_ring import allreduce_ring
@@ -172,7 +172,7 @@ __all__ = [
     "allreduce_shm_flat", "allreduce_shm_rsag", "alltoall_shm_chunked", "barrier_shm_counter",
     "broadcast_shm_chunked", "reduce_scatter_shm_chunked",
     # the lean lane's single-phase steps (``backends/lane.py``)
-    "allreduce_shm_flat_step", "allgather_shm_flat_step", "broadcast_shm_flat_step", "reduce_scatter_shm_flat_step",
+    "allreduce_direct_step", "allreduce_shm_flat_step", "allgather_shm_flat_step", "broadcast_shm_flat_step", "reduce_scatter_shm_flat_step",
     "barrier_shm_step", "alltoall_shm_even_step",
     # logarithmic algorithms (chosen above SMALL_WORLD by ``cost``)
     "allreduce_recursive_doubling", "allreduce_rabenseifner", "reduce_scatter_halving",

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from ..types import ReduceOp
-from .comm import Comm
-from .reduce_ops import reduce_into
+from .comm import Comm, byte_view
+from .reduce_ops import kernel, reduce_into
 
 
 def allreduce_direct(comm: Comm, t: torch.Tensor, op: ReduceOp) -> None:
@@ -34,3 +34,43 @@ def allreduce_direct(comm: Comm, t: torch.Tensor, op: ReduceOp) -> None:
         t.copy_(bufs[0])
     for p in range(1, n):
         reduce_into(t, bufs[p], op)
+
+
+def allreduce_direct_step(comm: Comm, op: ReduceOp, dtype: torch.dtype, numel: int):  # noqa: ANN201
+    """``allreduce_direct`` of every flat tensor of ``dtype`` and ``numel`` with ``op``, made once.
+
+    The same messages (channel, words, bytes) and the same reduction order as the function
+    above, so a rank running this and a rank running that exchange correctly; what that
+    function makes per call (the peers' buffers, their byte views, the message word) is
+    made here. ``comm`` is the operation's template: ``step(t, channel, deadline, timeout)``
+    re-aims it at each call (the tcp lean lane, ``backends/tcp.py``).
+    """
+    n, r = comm.size, comm.rank
+    bufs = [torch.empty(numel, dtype=dtype) for _ in range(n)]
+    views = [byte_view(b) for b in bufs]
+    order = [(r + step) % n for step in range(1, n)]
+    fn = kernel(op, dtype)
+    cache: list = [-1, None]  # the last input's address and its byte view (which keeps it alive)
+
+    def step(t: torch.Tensor, channel: int, deadline: float, timeout: float) -> None:
+        comm.channel, comm.deadline, comm.timeout = channel, deadline, timeout
+        if cache[0] != t.data_ptr():
+            cache[0], cache[1] = t.data_ptr(), byte_view(t)
+        pending = [comm.irecv_into(p, bufs[p], views[p]) for p in order]
+        tv = cache[1]
+        for p in order:
+            comm.send_view(p, tv, dtype)
+        for pr in pending:
+            pr.wait()
+        # b0 op b1 op ... in rank order, as above, with fewer passes: rank 1 holds b1 in ``t``
+        if r == 1:
+            fn(bufs[0], t, out=t)
+        elif r > 1:
+            bufs[r].copy_(t)
+            fn(bufs[0], bufs[1], out=t)
+        else:
+            fn(t, bufs[1], out=t)
+        for p in range(2, n):
+            fn(t, bufs[p], out=t)
+
+    return step

@@ -229,6 +229,15 @@ class Comm:
         handle = self.transport.irecv(self.ranks[peer], self.channel, byte_view(t))
         return PendingRecv(self, handle, t, peer)
 
+    def send_view(self, peer: int, view: memoryview, dtype: torch.dtype) -> None:
+        """``send`` of a tensor of ``dtype`` whose bytes ``view`` holds (a step made once
+        keeps its views: ``byte_view`` per call is a ctypes object and a memoryview)."""
+        self.transport.send(self.ranks[peer], self.channel, view, _CODE.get(dtype, 0) | (self.fingerprint << 8))
+
+    def irecv_into(self, peer: int, t: torch.Tensor, view: memoryview) -> PendingRecv:
+        """``irecv`` into ``t``, whose bytes ``view`` holds (see ``send_view``)."""
+        return PendingRecv(self, self.transport.irecv(self.ranks[peer], self.channel, view), t, peer)
+
     def irecv_any(self, t: torch.Tensor) -> PendingRecv:
         """A receive from whichever group member sends first on this channel."""
         handle = self.transport.irecv(ANY_SOURCE, self.channel, byte_view(t))

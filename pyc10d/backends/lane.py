@@ -47,6 +47,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.autograd import profiler as _torch_profiler
 
+from ..algorithms.comm import fingerprint
 from ..types import RedOpType, ReduceOp
 from .base import Engine, _now
 from .work import StartedWork, Work
@@ -182,6 +183,8 @@ class LaneOps(Engine):
         timeout = self.timeout_s
         error = None
         try:
+            if self._early:
+                self._check_early(full, opname, red, root)
             step(x, y, now + timeout, timeout)
         except BaseException as e:  # noqa: BLE001 - raised below, as ``wait`` would raise it
             error = self._failed(e, Work(opname, [] if x is None else [x], full))
@@ -200,7 +203,7 @@ class LaneOps(Engine):
         lock = self._lock
         lock.acquire()
         if (self._pending or self._closed or self._broken is not None or self._desync is not None
-                or self._early or not self._exec.acquire(False)):
+                or not self._exec.acquire(False)):
             lock.release()
             return 0
         self._seq = full = self._seq + 1
@@ -220,6 +223,17 @@ class LaneOps(Engine):
         self._running_op = (full, opname, now)
         self._entered = (full, opname)
         return now
+
+    def _check_early(self, full: int, opname: str, red: ReduceOp | None, root: int) -> None:
+        """Check the messages peers sent for operation ``full`` before it was issued here, as
+        ``_submit`` does (a peer running ahead is common on tcp, where the lane reads ahead;
+        a fingerprint that differs fails the operation: ``_check_fingerprint``)."""
+        seq = full & 0x7FFFFFFF
+        early = self._early.pop(seq, None)
+        if early and self.desync_check:
+            fp = fingerprint(opname, red, None if root < 0 else root)
+            for peer, theirs in early:
+                self._check_fingerprint(peer, seq, theirs, fp, opname)
 
     def _ended(self, full: int, opname: str, error: BaseException | None) -> None:
         """Operation ``full`` is over (as ``_run``'s end): recorded, counted done."""
@@ -256,6 +270,8 @@ class LaneOps(Engine):
         work = StartedWork(self, opname, [] if x is None else [x], full)
         timeout = self.timeout_s
         try:
+            if self._early:
+                self._check_early(full, opname, red, root)
             c = start(x, y, now + timeout, timeout)
         except BaseException as e:  # noqa: BLE001 - handed to the waiter, as ``_submit`` does
             error = self._failed(e, work)

@@ -18,6 +18,20 @@ layer:
     ``torch.distributed.all_reduce`` on backend ``pyc10d_shm`` (torch's dispatcher, then
     pyc10d's engine).
 
+The tcp ladder (``--ladder tcp``) does the same over one loopback TCP connection between
+the two processes:
+
+``socket_block``
+    Each rank sends its value (8 bytes, one ``send``) and sleeps in a blocking ``recv`` for
+    the peer's: what a thread that waits for its data costs on this kernel.
+``socket_spin``
+    The same with the receiver looking (``MSG_DONTWAIT``) until the data is there: the floor
+    of the tcp rows, nothing Python could remove below it.
+``pyc10d_tcp``
+    ``pyc10d.all_reduce`` on the tcp backend (its lean lane: ``transport/tcp_direct.py``).
+``plugin_tcp``
+    ``torch.distributed.all_reduce`` on backend ``pyc10d_tcp``.
+
 and, beside them, the peer ``gloo`` (``torch.distributed`` on Gloo, same processes, same
 loop). Each layer's figure minus the one below it is what that layer adds. Open MPI is not
 here: its ranks must be mpirun's (``python -m pyc10d.bench --peer mpi`` has it). Every op's result is
@@ -42,6 +56,9 @@ from typing import Any
 from pyc10d.bench.report import write_result
 
 LAYERS = ("mmap_flag", "mmap_torch", "pyc10d_shm", "plugin_shm")
+TCP_LAYERS = ("socket_block", "socket_spin", "pyc10d_tcp", "plugin_tcp")
+#: The floor of each ladder: the layer every other one is a multiple of.
+FLOORS = {"mmap_flag": LAYERS, "socket_spin": TCP_LAYERS}
 #: Timed the same way beside the layers, not one of them.
 PEERS = ("gloo",)
 _LINE = 8  # 64-byte cache lines, in 8-byte words
@@ -64,6 +81,35 @@ def _flag_loop(words: memoryview, rank: int, k: int, base: int, skip: int) -> tu
         while words[peer_seq] < i + 1:
             pass
         if v + words[q + peer * _LINE] != 3 * i:
+            wrong += 1
+    return time.perf_counter() - t0, wrong
+
+
+def _socket_loop(sock: Any, rank: int, k: int, base: int, skip: int, spin: bool) -> tuple[float, int]:
+    """k exchanges of an 8-byte value over ``sock``; (seconds, wrong results)."""
+    import socket
+    import struct
+
+    word = struct.Struct("<q")
+    buf = bytearray(8)
+    view, elsewhere = memoryview(buf), memoryview(bytearray(8))
+    flags = socket.MSG_DONTWAIT if spin else socket.MSG_WAITALL
+    wrong = 0
+    t0 = time.perf_counter()
+    for i in range(base, base + k):
+        v = i * (rank + 1)
+        sock.send(word.pack(v))
+        into = elsewhere if i == skip else view  # the skipped op delivers nothing where it is checked
+        got = 0
+        while got < 8:
+            try:
+                n = sock.recv_into(into[got:], 8 - got, flags)
+            except BlockingIOError:
+                continue
+            if n == 0:
+                raise ConnectionResetError("floor: the peer closed its socket")
+            got += n
+        if v + word.unpack(buf)[0] != 3 * i:
             wrong += 1
     return time.perf_counter() - t0, wrong
 
@@ -108,7 +154,7 @@ def _dist_loop(dist: Any, rank: int, k: int, base: int, skip: int) -> tuple[floa
     return took, wrong
 
 
-def _rank(rank: int, mm: mmap.mmap, tmp: str, layers: list[str], k: int, loops: int,
+def _rank(rank: int, mm: mmap.mmap, socks: list, tmp: str, layers: list[str], k: int, loops: int,
           skip: tuple[str, int] | None, conn: Any) -> None:
     """One rank: every layer, ``loops`` loops of ``k`` ops; sends {layer: [(s, wrong), ...]}."""
     import gc
@@ -135,6 +181,14 @@ def _rank(rank: int, mm: mmap.mmap, tmp: str, layers: list[str], k: int, loops: 
                     else:
                         rows.append(_torch_loop(mm, words, rank, k, seq, skip_at))
                     seq += k
+            elif layer in ("socket_block", "socket_spin"):
+                sock = socks[rank]
+                for loop in range(loops + 1):
+                    _socket_loop(sock, rank, 1, seq, -1, False)  # both ranks start the loop together
+                    seq += 1
+                    skip_at = seq + bad if loop == 1 and bad >= 0 else -1
+                    rows.append(_socket_loop(sock, rank, k, seq, skip_at, layer == "socket_spin"))
+                    seq += k
             else:
                 dist = _join(layer, rank, tmp)
                 try:
@@ -152,17 +206,17 @@ def _rank(rank: int, mm: mmap.mmap, tmp: str, layers: list[str], k: int, loops: 
 
 
 def _join(layer: str, rank: int, tmp: str) -> Any:
-    if layer == "pyc10d_shm":
+    if layer in ("pyc10d_shm", "pyc10d_tcp"):
         import pyc10d as dist
 
-        dist.init_process_group("shm", store=dist.FileStore(os.path.join(tmp, "store-native"), 2), rank=rank,
-                                world_size=2)
+        dist.init_process_group(layer[len("pyc10d_"):], store=dist.FileStore(os.path.join(tmp, f"store-{layer}"), 2),
+                                rank=rank, world_size=2)
         return dist
     import torch.distributed as tdist
 
     import pyc10d.torch_backend  # noqa: F401 - registers the pyc10d_* backends with torch
 
-    backend = "gloo" if layer == "gloo" else "pyc10d_shm"
+    backend = "gloo" if layer == "gloo" else layer.replace("plugin_", "pyc10d_")
     tdist.init_process_group(backend, store=tdist.FileStore(os.path.join(tmp, f"store-{layer}"), 2), rank=rank,
                              world_size=2)
     return tdist
@@ -173,12 +227,13 @@ def measure(layers: list[str], k: int, loops: int, skip: tuple[str, int] | None 
     """One record per layer: ``us`` (median over loops of the slower rank's time per op),
     every loop's figure, and ``correct`` (every op of every loop on both ranks)."""
     mm = mmap.mmap(-1, 4096)
+    socks = _socket_pair()
     ctx = multiprocessing.get_context("fork")
     tmp = tempfile.mkdtemp(prefix="pyc10d-floor-")
     pipes, procs = [], []
     for rank in range(2):
         recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_rank, args=(rank, mm, tmp, layers, k, loops, skip, send), daemon=True)
+        p = ctx.Process(target=_rank, args=(rank, mm, socks, tmp, layers, k, loops, skip, send), daemon=True)
         p.start()
         send.close()
         pipes.append(recv)
@@ -197,20 +252,38 @@ def measure(layers: list[str], k: int, loops: int, skip: tuple[str, int] | None 
         results.append(payload)
     for p in procs:
         p.join(10)
+    for sock in socks:
+        sock.close()
     records = []
     for layer in layers:
         per_loop = [max(results[0][layer][i][0], results[1][layer][i][0]) / k * 1e6 for i in range(loops)]
         wrong = sum(w for rank_rows in results for _, w in rank_rows[layer])
         records.append({"layer": layer, "us": statistics.median(per_loop), "loops_us": per_loop,
                         "ops_per_loop": k, "wrong": wrong, "correct": wrong == 0})
-    floor = next((r["us"] for r in records if r["layer"] == "mmap_flag"), None)
-    below = None
+    us = {r["layer"]: r["us"] for r in records}
+    # The peers are compared with the first ladder measured (shm's when both are).
+    peers_floor = next((us[f] for f in FLOORS if f in us), None)
     for rec in records:
+        ladder = next((ld for ld in FLOORS.values() if rec["layer"] in ld), None)
+        floor = peers_floor if ladder is None else us.get(ladder[0] if ladder is LAYERS else "socket_spin")
         rec["x_floor"] = rec["us"] / floor if floor else None
-        rec["adds_us"] = rec["us"] - below if below is not None and rec["layer"] in LAYERS else None
-        if rec["layer"] in LAYERS:
-            below = rec["us"]
+        below = [us[x] for x in (ladder or ())[:(ladder or ()).index(rec["layer"]) if ladder else 0] if x in us]
+        rec["adds_us"] = rec["us"] - below[-1] if below else None
     return records
+
+
+def _socket_pair() -> list:
+    """Two ends of one loopback TCP connection (Nagle off), made before the fork."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        a = socket.create_connection(listener.getsockname())
+        b, _ = listener.accept()
+    for s in (a, b):
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return [a, b]
 
 
 def _plot(records: list[dict[str, Any]], path: Path) -> None:
@@ -235,16 +308,19 @@ def _plot(records: list[dict[str, Any]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m pyc10d.bench.floor", description=__doc__.split("\n")[0])
-    p.add_argument("--layers", default=",".join(LAYERS + PEERS),
-                   help=f"comma-separated, of {', '.join(LAYERS + PEERS)}")
+    p.add_argument("--layers", default=None,
+                   help=f"comma-separated, of {', '.join(LAYERS + TCP_LAYERS + PEERS)} (default: the ladder's and gloo)")
+    p.add_argument("--ladder", choices=("shm", "tcp"), default="shm",
+                   help="shm (default): shared memory's layers; tcp: a loopback socket's")
     p.add_argument("--iters", type=int, default=5000, help="ops per timed loop (default 5000)")
     p.add_argument("--loops", type=int, default=5, help="timed loops per layer (default 5)")
     p.add_argument("--out", default="benchmarks/results", help="directory for the JSON and PNG")
     args = p.parse_args(argv)
-    layers = args.layers.split(",")
-    unknown = sorted(set(layers) - set(LAYERS + PEERS))
+    ladder = TCP_LAYERS if args.ladder == "tcp" else LAYERS
+    layers = args.layers.split(",") if args.layers else list(ladder + PEERS)
+    unknown = sorted(set(layers) - set(LAYERS + TCP_LAYERS + PEERS))
     if unknown:
-        p.error(f"unknown layer(s) {unknown}; choose from {', '.join(LAYERS + PEERS)}")
+        p.error(f"unknown layer(s) {unknown}; choose from {', '.join(LAYERS + TCP_LAYERS + PEERS)}")
     records = measure(layers, args.iters, args.loops)
     print(f"{'layer':<12} {'us/op':>8} {'adds us':>8} {'x floor':>8}  loops (us)")
     for r in records:
@@ -255,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{' '.join(f'{x:.2f}' for x in r['loops_us'])}{flag}")
     meta = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "ops_per_loop": args.iters,
             "loops": args.loops, "load_avg": os.getloadavg()}
-    path = write_result(args.out, "floor", {"meta": meta, "records": records})
+    path = write_result(args.out, f"floor-{args.ladder}" if args.ladder != "shm" else "floor",
+                        {"meta": meta, "records": records})
     _plot(records, path.with_suffix(".png"))
     print(f"wrote {path}")
     return 0 if all(r["correct"] for r in records) else 1

@@ -242,6 +242,24 @@ class Mailbox:
                 return handle
         return None
 
+    def take_unexpected(self, peer: int, channel: int, buf: memoryview) -> tuple[int, int] | None:
+        """The first message from ``peer`` on ``channel`` that came before any receive, copied
+        into ``buf`` (``(nbytes, meta)``; a longer one is dropped, its length says so), or
+        None if there is none. For a receiver that reads the socket itself (``tcp_direct``)."""
+        with self.lock:
+            queue = self.unexpected[peer].get(channel)
+            if not queue:
+                return None
+            data, meta, _ = queue.pop(0)
+            self.waiting_unexpected -= 1
+            if not queue:
+                del self.unexpected[peer][channel]
+        n = len(data)
+        if n and n <= len(buf):
+            copy_bytes(buf, data)
+        self.pool.release(data)
+        return n, meta
+
     def take_posted(self, peer: int, channel: int, wait: float = 0.0) -> RecvHandle | None:
         """The receive for a message from ``peer`` on ``channel``; if none is posted yet,
         give the receiver up to ``wait`` seconds to post one (``None`` if it does not)."""

@@ -111,12 +111,9 @@ class FramedTransport(Transport):
         """Receive frames from ``peer`` until it leaves; ``read(view, is_payload)`` fills ``view``."""
         header = bytearray(self.HEADER.size)
         hview = memoryview(header)
-        box = self.mailbox
-        handle: RecvHandle | None = None  # the receive being filled: failed if the peer goes
         max_message = max_message_bytes()
         try:
             while True:
-                handle = None
                 read(hview, False)
                 channel, nbytes, meta, kind = self.HEADER.unpack(header)
                 stripes = check_header(kind, nbytes, max_message)
@@ -124,52 +121,77 @@ class FramedTransport(Transport):
                 if kind != KIND_DATA:
                     payload = bytearray(nbytes)
                     read(memoryview(payload), True)
-                    if kind == KIND_PING:
-                        continue
-                    if kind == KIND_BYE:
-                        box.peer_said_bye(peer)
-                        box.peer_lost(peer, lost_error(peer, "it shut down its process group"))
+                    if self._control(peer, kind, channel, payload):
                         return
-                    reason = payload.decode(errors="replace")
-                    box.peer_aborted(peer, reason)
-                    box.abort(channel, abort_error(peer, reason))
                     continue
                 # A large message whose receive is not posted yet would be read into a
                 # holding buffer and copied again later; the receive is usually a moment
                 # away, so wait briefly for it. Only briefly: the stream from this peer is
                 # stalled meanwhile, and the receiver may first need a message behind this one.
-                wait = WAIT_FOR_POST if nbytes >= POOL_MIN else 0.0
-                handle = box.take_posted(peer, channel, wait)
-                if handle is not None and nbytes <= len(handle.buf):
-                    if stripes:
-                        self._read_stripes(peer, stripes, handle.buf[:nbytes])
-                    else:
-                        read(handle.buf[:nbytes], True)
-                    handle.complete(nbytes, meta)
-                    continue
-                payload = box.pool.acquire(nbytes)
-                if stripes:
-                    self._read_stripes(peer, stripes, payload)
-                else:
-                    read(payload, True)
-                if handle is not None:
-                    handle.complete(nbytes, meta, truncated=True)
-                    box.pool.release(payload)
-                else:
-                    box.arrived(peer, channel, payload, meta)
+                self._deliver(peer, channel, nbytes, meta, stripes, read,
+                              WAIT_FOR_POST if nbytes >= POOL_MIN else 0.0)
         except Exception as e:  # noqa: BLE001 - whatever breaks the stream loses this peer only
-            if self._closing:
-                pass
-            elif isinstance(e, BadFrame):
-                self._refuse(peer, str(e))
-            elif isinstance(e, TimeoutError) and not isinstance(e, DistNetworkError):  # keepalive
-                box.peer_lost(peer, silent_error(peer, peer_timeout() or 0, "stopped answering", e))
-            elif isinstance(e, (OSError, DistNetworkError)):  # the peer left or died
-                box.peer_lost(peer, e if isinstance(e, DistNetworkError) else str(e))
-            else:  # e.g. no memory for the message
-                self._refuse(peer, f"receiving from it failed: {type(e).__name__}: {e}")
+            self._stream_broken(peer, e)
+
+    def _control(self, peer: int, kind: int, channel: int, payload: bytes | bytearray) -> bool:
+        """Take a control frame; True when it ends the stream (a goodbye)."""
+        box = self.mailbox
+        if kind == KIND_PING:
+            return False
+        if kind == KIND_BYE:
+            box.peer_said_bye(peer)
+            box.peer_lost(peer, lost_error(peer, "it shut down its process group"))
+            return True
+        reason = payload.decode(errors="replace")
+        box.peer_aborted(peer, reason)
+        box.abort(channel, abort_error(peer, reason))
+        return False
+
+    def _deliver(self, peer: int, channel: int, nbytes: int, meta: int, stripes: int,
+                 read: Callable[[memoryview, bool], None], wait: float) -> None:
+        """Read a data frame's payload into the receive posted for it (waiting up to ``wait``
+        seconds for one), else into a holding buffer for the receive to come. A receive being
+        filled when the stream breaks is failed here, naming the peer."""
+        box = self.mailbox
+        handle = box.take_posted(peer, channel, wait)
+        try:
+            if handle is not None and nbytes <= len(handle.buf):
+                if stripes:
+                    self._read_stripes(peer, stripes, handle.buf[:nbytes])
+                else:
+                    read(handle.buf[:nbytes], True)
+                handle.complete(nbytes, meta)
+                return
+            payload = box.pool.acquire(nbytes)
+            if stripes:
+                self._read_stripes(peer, stripes, payload)
+            else:
+                read(payload, True)
+        except BaseException as e:
             if handle is not None and not handle.done():  # the peer went mid-message
+                self._stream_broken(peer, e)
                 handle.fail(box.dead.get(peer) or lost_error(peer, str(e)))
+            raise
+        if handle is not None:
+            handle.complete(nbytes, meta, truncated=True)
+            box.pool.release(payload)
+        else:
+            box.arrived(peer, channel, payload, meta)
+
+    def _stream_broken(self, peer: int, e: BaseException) -> None:
+        """What reading ``peer``'s stream raised ``e`` means: a peer that left or went silent
+        is lost, one that sent garbage is dropped (the other peers carry on)."""
+        box = self.mailbox
+        if self._closing or peer in box.dead:
+            return
+        if isinstance(e, BadFrame):
+            self._refuse(peer, str(e))
+        elif isinstance(e, TimeoutError) and not isinstance(e, DistNetworkError):  # keepalive
+            box.peer_lost(peer, silent_error(peer, peer_timeout() or 0, "stopped answering", e))
+        elif isinstance(e, (OSError, DistNetworkError)):  # the peer left or died
+            box.peer_lost(peer, e if isinstance(e, DistNetworkError) else str(e))
+        else:  # e.g. no memory for the message
+            self._refuse(peer, f"receiving from it failed: {type(e).__name__}: {e}")
 
     def _refuse(self, peer: int, reason: str) -> None:
         why = f"rank {self.rank} dropped its connection to rank {peer}: {reason}"

@@ -33,6 +33,7 @@ from .base import Mailbox, RecvHandle
 from .cpus import usable_cpus
 from .framed import KIND_DATA, KIND_PING, STRIPES_SHIFT, BadFrame, FramedTransport
 from .netif import advertised_addresses
+from .tcp_direct import DirectIO, Owner, spin_seconds
 from .tcp_lanes import STRIPE_MIN_BYTES, Lanes, recv_stripes, send_stripes
 from .tcp_listener import ACCEPTED, HELLO, USE_OTHER, Listener
 
@@ -154,6 +155,10 @@ class TCPTransport(FramedTransport):
         self._addrs_lock = threading.Lock()
         self._listener: Listener | None = None
         self._lanes: Lanes | None = None
+        # Who reads each peer's socket: its receiver thread, or a synchronous caller
+        # (``tcp_direct``); none under TLS, whose records a caller cannot read in part.
+        self._owners: dict[int, Owner] = {}
+        self._direct_ok = False
         self.peer_timeout = keepalive.peer_timeout()  # see ``heartbeat``; None: not watched
         if size > 1:
             self._join(store, self._timeout_s)
@@ -165,6 +170,9 @@ class TCPTransport(FramedTransport):
         """Listen, publish ``host:port:nonce``, and wait until every rank has published."""
         hosts = _advertised_hosts(store, self.rank)
         self._lanes = Lanes(self.rank, hosts, self._secret, enabled=not tls.enabled(), tune=self._tune_lane)
+        # A caller may read and write its peers' sockets itself (``direct``), except under TLS
+        # and where large messages may be striped over several addresses (``tcp_lanes``).
+        self._direct_ok = not tls.enabled() and len(hosts) == 1
         self._listener = Listener(self.rank, self.size, hosts, self._secret, self._admit)
         store.set(f"tcp_addr/{self.rank}", f"{','.join(hosts)}:{self._listener.port}:{self._listener.nonce}")
         # The rank that completes the count says so; everybody waits for that one key (O(1)
@@ -207,11 +215,15 @@ class TCPTransport(FramedTransport):
         ``unanswered``: this rank dialled and has not read the peer's answer yet."""
         _tune(sock, sockbuf_bytes(_is_local(sock), self._ranks_on_host()))
         keepalive.apply(sock, self.peer_timeout)
+        own = None
+        if self._direct_ok:
+            own = self._owners[peer] = Owner()
+            own.lock.acquire()  # the receiver thread's until it is between frames (``Owner.idle``)
         with self._send_locks[peer]:
             if answer is not None:
                 sock.sendall(answer)
             self._socks[peer] = sock
-        t = threading.Thread(target=self._receive_loop, args=(peer, sock, unanswered), daemon=True,
+        t = threading.Thread(target=self._receive_loop, args=(peer, sock, unanswered, own), daemon=True,
                              name=f"pyc10d-tcp-recv-{self.rank}<-{peer}")
         t.start()
         self._threads.append(t)
@@ -390,6 +402,9 @@ class TCPTransport(FramedTransport):
 
     def irecv(self, peer: int, channel: int, buf: memoryview) -> RecvHandle:
         handle = super().irecv(peer, channel, buf)
+        for own in (self._owners.values() if peer < 0 else (self._owners.get(peer),)):
+            if own is not None and own.parked_until:
+                own.unpark()  # this receive is the receiver thread's to serve
         # The data will come over the connection the sender dials; a receive dials only to
         # learn that a peer which never connected has gone. Give the sender a moment first,
         # so that the pair is not dialled from both ends.
@@ -401,6 +416,13 @@ class TCPTransport(FramedTransport):
                 if p != self.rank:
                     self._probe(p, PROBE_AFTER_S)
         return handle
+
+    def direct(self) -> DirectIO | None:
+        """A ``DirectIO`` for one thread's synchronous operations (None: not on this
+        transport: TLS, several addresses, or one rank)."""
+        if not self._direct_ok or self.size == 1:
+            return None
+        return DirectIO(self, spin_seconds(self._ranks_on_host(), usable_cpus()))
 
     def probe(self, peer: int) -> None:
         self._probe(peer, 0.0)
@@ -450,7 +472,7 @@ class TCPTransport(FramedTransport):
             raise BadFrame(f"it sent a message in {stripes} stripes over lanes it did not open")
         recv_stripes([sock, *lanes], view, lambda: self._check_reachable(peer))
 
-    def _receive_loop(self, peer: int, sock: socket.socket, unanswered: bool) -> None:
+    def _receive_loop(self, peer: int, sock: socket.socket, unanswered: bool, own: Owner | None) -> None:
         if unanswered and not self._answered(peer, sock):
             return
         # Between messages the thread waits in poll() for data only. Blocked in recv()
@@ -464,8 +486,11 @@ class TCPTransport(FramedTransport):
         buffered = getattr(sock, "pending", None)  # TLS: decrypted bytes that poll() cannot see
 
         def read(view: memoryview, payload: bool) -> None:
-            if not payload and not (buffered and buffered()):
-                idle.poll()
+            if not payload:
+                if own is not None:
+                    own.idle(idle)  # the socket may be a caller's meanwhile (``tcp_direct``)
+                elif not (buffered and buffered()):
+                    idle.poll()
             _recv_exact(sock, view)
 
         self._pump(peer, read)
@@ -531,6 +556,8 @@ class TCPTransport(FramedTransport):
             self._closing = True
             self._cond.notify_all()
         heartbeat.unregister(self)
+        for own in list(self._owners.values()):
+            own.unpark()
         if self._listener is not None:
             self._listener.close()
         for peer, sock in enumerate(self._socks):

@@ -1,0 +1,486 @@
+"""The caller's own reads and writes on its peers' sockets (the tcp lean lane's transport).
+
+Every tcp connection has a receiver thread that drains it (``tcp``): sends never deadlock,
+and a message that comes before its receive is kept. But a synchronous collective pays for it
+twice per message: the receiver wakes for the data, and then wakes the caller, who had gone to
+sleep on a lock. On the 2-core VM a Python ping-pong over loopback between two processes
+that sleep in ``recv`` takes ~36 us per exchange; the same exchange with the reader spinning
+on a non-blocking ``recv`` takes ~4.4 us (``docs/performance.md``, "The tcp lane"). So for a
+synchronous collective the calling thread reads its peers' sockets itself, looking for a
+while before it sleeps, and sends each frame in one ``sendmsg`` of header and payload.
+
+Who reads a socket is decided by one lock per connection (``Owner``): the receiver thread
+holds it only while it reads a frame, and between frames it releases it. A caller takes it
+(``try_take``: never waiting for it; a busy socket sends that receive down the receiver's
+path, the mailbox) and gives it back at the end of its operation. The receiver stays off the
+socket for ``GRACE_S`` after that, so that back-to-back collectives keep the socket without
+waking it each time; after the grace, or at once when anything posts a receive the receiver
+must serve (``unpark``), it drains the socket as before.
+
+While the caller owns a socket it does what the receiver thread would with every frame that
+is not the one it waits for (another group's message, a peer's abort or goodbye: the same
+``_control``/``_deliver`` code), and a send that would block drains the op's sockets while
+it waits (two ranks sending to each other at once must not both stop reading).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from ..errors import DistTimeoutError
+from .base import RecvHandle
+from .framed import KIND_DATA, BadFrame, check_header, max_message_bytes
+
+if TYPE_CHECKING:
+    from .tcp import TCPTransport
+
+#: Seconds a receiver thread stays off its socket after a caller gave it back.
+GRACE_S = 0.005
+#: Receives up to this many bytes read their header and payload in one call (``_scatter``).
+SCATTER_MAX = 64 * 1024
+#: Longest a caller waits for a receiver thread to finish the frame it is reading.
+TAKE_WAIT_S = 0.05
+#: Longest single sleep of a waiting caller: it looks for an abort or a lost peer (set by
+#: other threads, which cannot wake a thread in ``poll``) at least this often.
+SLICE_S = 0.02
+_DONTWAIT = socket.MSG_DONTWAIT
+_IN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
+_OUT = select.POLLOUT | select.POLLERR | select.POLLHUP
+_monotonic = time.monotonic
+
+
+def spin_seconds(ranks_on_host: int, cpus: int) -> float:
+    """How long a waiting caller looks at its socket before sleeping: ``PYC10D_TCP_SPIN_US``,
+    default 1 ms with a CPU per rank on this host, else none (a spinning rank would hold the
+    CPU that the rank it waits for needs)."""
+    env = os.environ.get("PYC10D_TCP_SPIN_US", "").strip()
+    if env:
+        return max(float(env), 0.0) * 1e-6
+    return 1e-3 if ranks_on_host <= cpus else 0.0
+
+
+class Owner:
+    """Who reads one connection's socket: its receiver thread, or a caller (see module)."""
+
+    __slots__ = ("lock", "parked_until", "takes", "cond")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # held by whoever is reading the socket
+        self.parked_until = 0.0  # the receiver thread stays off the socket until then
+        self.takes = 0  # callers that took it so far (the receiver compares)
+        self.cond = threading.Condition(threading.Lock())
+
+    # -- the receiver thread -----------------------------------------------------------------
+    def idle(self, poller: select.poll) -> None:
+        """Between two frames, on the receiver thread (holding ``lock``): give the socket up
+        until data is there and no caller owns it; return holding ``lock`` again.
+
+        It looks at ``parked_until`` before it takes the lock: a receiver that took the lock
+        while a caller wanted it would hold it while it waits for the GIL the caller holds."""
+        takes = self.takes
+        self.lock.release()
+        while True:
+            self._park()
+            poller.poll()
+            if self.parked_until > _monotonic():
+                continue  # a caller has the socket (its data, too): stay off it
+            self.lock.acquire()
+            if self.takes == takes or poller.poll(0):  # nobody read since, or there is more
+                return
+            takes = self.takes
+            self.lock.release()
+
+    def _park(self) -> None:
+        cond = self.cond
+        with cond:
+            while True:
+                left = self.parked_until - _monotonic()
+                if left <= 0:
+                    return
+                cond.wait(min(left, GRACE_S))
+
+    def unpark(self) -> None:
+        """Send the receiver thread back to its socket now (something posted a receive it
+        must serve, or a send must not wait on a peer that waits for this rank to read)."""
+        if self.parked_until:
+            with self.cond:
+                self.parked_until = 0.0
+                self.cond.notify()
+
+    # -- a caller ------------------------------------------------------------------------------
+    def try_take(self) -> bool:
+        """Take the socket for a caller: at once, or once the receiver thread has finished
+        the frame it is reading (up to ``TAKE_WAIT_S``); False (and the receiver thread
+        serves the caller's receive) if not by then."""
+        self.parked_until = _monotonic() + 3600.0  # a receiver waking now parks
+        if self.lock.acquire(True, TAKE_WAIT_S):
+            self.takes += 1
+            return True
+        self.unpark()
+        return False
+
+    def give(self) -> None:
+        self.parked_until = _monotonic() + GRACE_S
+        self.lock.release()
+
+
+class _Stream:
+    """The frame being read from one peer's socket, a piece at a time: never blocking in the
+    middle of a frame, since the peer may finish sending it only once this rank reads what
+    a third rank sends it (a ring: every rank mid-frame from its left, nobody sending)."""
+
+    __slots__ = ("peer", "sock", "fd", "header", "hview", "view", "got", "frame", "ended", "pending")
+
+    def __init__(self, peer: int, sock: socket.socket, header_size: int) -> None:
+        self.peer, self.sock, self.fd = peer, sock, sock.fileno()
+        self.header = bytearray(header_size)
+        self.hview = memoryview(self.header)
+        self.view = self.hview  # what the next bytes fill
+        self.got = 0
+        # Bytes read past the end of a frame (``DirectIO._scatter``), consumed before the socket.
+        self.pending = b""
+        # None while reading a header; else [kind, channel, nbytes, meta, the receive it
+        # fills or None, the holding buffer or None]
+        self.frame: list | None = None
+        self.ended = False  # the peer said goodbye, or its stream broke: nothing more to read
+
+
+class DirectHandle(RecvHandle):
+    """A receive of the operation, filled by the caller's own reads: ``wait`` reads the
+    peers' sockets itself (``DirectIO.fill``). No latch: nobody else completes it."""
+
+    __slots__ = ("io",)
+
+    def __init__(self, io: DirectIO, peer: int, channel: int, buf: memoryview) -> None:
+        self.io, self.peer, self.channel, self.buf = io, peer, channel, buf
+        self.nbytes, self.meta, self.error, self.truncated = -1, 0, None, False
+
+    def wait(self, timeout: float | None) -> tuple[int, int]:
+        if self.nbytes < 0:
+            self.io.fill(self, _monotonic() + (86400.0 if timeout is None else max(timeout, 0.0)))
+        if self.nbytes > len(self.buf):
+            self.truncated = True
+        return self.nbytes, self.meta
+
+
+class DirectIO:
+    """One thread's direct use of a ``TCPTransport``'s sockets for one operation at a time:
+    ``begin``, then ``send``/``irecv`` (as the transport's), then ``end`` (always)."""
+
+    def __init__(self, transport: TCPTransport, spin_s: float) -> None:
+        self.t = transport
+        self.spin_s = spin_s
+        self.owned: dict[int, Owner] = {}  # peers whose sockets this operation reads
+        self.streams: list[_Stream] = []  # theirs, in the order taken
+        self.fallback: set[int] = set()  # peers whose receives go to the receiver thread
+        self.expected: dict[int, list[DirectHandle]] = {}
+        self.max_message = max_message_bytes()
+        self._pack, self._unpack = transport.HEADER.pack, transport.HEADER.unpack
+        self._streams: dict[int, _Stream] = {}  # kept between operations (same socket: same one)
+
+    def begin(self) -> None:
+        self.fallback.clear()
+        self.expected.clear()
+
+    def end(self) -> None:
+        """Give the sockets back, each between two frames (a frame begun is read to its end
+        first: the receiver thread must start at a header)."""
+        try:
+            for st in self.streams:
+                if st.got or st.frame is not None or st.pending:
+                    self._finish_frame(st)
+        finally:
+            for own in self.owned.values():
+                own.give()
+            self.owned.clear()
+            self.streams.clear()
+
+    # -- what a Comm calls ---------------------------------------------------------------------
+    def irecv(self, peer: int, channel: int, buf: memoryview) -> RecvHandle:
+        box = self.t.mailbox
+        if peer not in self.owned and (peer < 0 or peer in self.fallback or box.aborted or peer in box.dead
+                                       or not self._own(peer)):
+            return self.t.irecv(peer, channel, buf)  # (a failed one fails there, as it should)
+        h = DirectHandle(self, peer, channel, buf)
+        queue = self.expected.get(peer)
+        if queue:
+            for e in queue:
+                if e.channel == channel:  # those receives take the next messages of the channel
+                    queue.append(h)
+                    return h
+        if box.waiting_unexpected:  # read before this op took the socket, or before it asked
+            got = box.take_unexpected(peer, channel, buf)
+            if got is not None:
+                h.nbytes, h.meta = got
+                return h
+        st = self._streams[peer]
+        frame = st.frame
+        if frame is not None and frame[4] is None and frame[0] == KIND_DATA and frame[1] == channel:
+            self._adopt(st, h)  # it is arriving now
+        elif queue is None:
+            self.expected[peer] = [h]
+        else:
+            queue.append(h)
+        return h
+
+    def _adopt(self, st: _Stream, exp: DirectHandle) -> None:
+        """Give the frame ``st`` is in the middle of reading (for nobody yet) to ``exp``: what
+        came so far is copied over, the rest lands in ``exp.buf``."""
+        frame = st.frame
+        assert frame is not None
+        frame[4] = exp
+        nbytes, held = frame[2], frame[5]
+        if nbytes <= len(exp.buf):
+            exp.buf[:st.got] = memoryview(held)[:st.got]
+            st.view = exp.buf[:nbytes]
+            frame[5] = None
+            self.t.mailbox.pool.release(held)
+
+    def send(self, peer: int, channel: int, data: memoryview, meta: int) -> None:
+        t = self.t
+        sock = t._socks[peer]
+        if sock is None:  # not connected yet: the transport dials
+            t.send(peer, channel, data, meta)
+            return
+        header = self._pack(channel, len(data), meta, KIND_DATA)
+        with t._send_locks[peer]:
+            try:
+                try:
+                    sent = sock.sendmsg((header, data), (), _DONTWAIT)
+                except BlockingIOError:
+                    sent = 0
+                hsize = len(header)
+                if sent < hsize + len(data):
+                    rest = [memoryview(header)[sent:], data] if sent < hsize else [data[sent - hsize:]]
+                    self._send_rest(peer, sock, rest)
+            except OSError as e:
+                raise t.mailbox.explain_loss(peer, f"send failed: {e}") from e
+
+    def _send_rest(self, peer: int, sock: socket.socket, rest: list[memoryview]) -> None:
+        """Finish a send the socket would not take at once, reading what the op's peers send
+        meanwhile: they may be blocked sending to this rank, waiting for it to read. (Peers
+        whose sockets this op does not read get their receiver threads back now.)"""
+        t = self.t
+        for p, own in t._owners.items():
+            if p not in self.owned:
+                own.unpark()
+        out_fd = sock.fileno()
+        by_fd = {st.fd: st for st in self.streams}
+        poller = select.poll()
+        for fd in by_fd:
+            poller.register(fd, _IN)
+        poller.register(out_fd, _OUT | (_IN if out_fd in by_fd else 0))
+        for view in rest:
+            while view:
+                for fd, ev in poller.poll(SLICE_S * 1000):
+                    st = by_fd.get(fd)
+                    if st is not None and ev & ~select.POLLOUT:
+                        while self._advance(st):
+                            pass
+                    if fd == out_fd and ev & ~select.POLLIN and view:
+                        try:
+                            view = view[sock.send(view, _DONTWAIT):]
+                        except BlockingIOError:
+                            pass
+                self._check(peer)
+
+    # -- reading -------------------------------------------------------------------------------
+    def _own(self, peer: int) -> bool:
+        """Take ``peer``'s socket for this operation (False: it is busy or not connected)."""
+        if peer in self.owned:
+            return True
+        t = self.t
+        own, sock = t._owners.get(peer), t._socks[peer]
+        if own is None or sock is None or not own.try_take():
+            self.fallback.add(peer)
+            return False
+        self.owned[peer] = own
+        st = self._streams.get(peer)
+        if st is None or st.sock is not sock:
+            st = self._streams[peer] = _Stream(peer, sock, t.HEADER.size)
+        self.streams.append(st)
+        return True
+
+    def fill(self, exp: DirectHandle, deadline: float) -> None:
+        """Read the op's sockets until ``exp`` is filled (or raise): all of them, not only
+        ``exp.peer``'s (another peer may be blocked sending to this rank, and the peer this
+        rank waits for may be waiting for that one)."""
+        streams = self.streams
+        box = self.t.mailbox
+        spin_end = _monotonic() + self.spin_s
+        poller: select.poll | None = None
+        while True:
+            moved = False
+            for st in streams:  # (no further than needed: what follows may be a goodbye)
+                while exp.nbytes < 0 and self._advance(st):
+                    moved = True
+            if exp.nbytes >= 0:
+                return
+            if moved:
+                continue
+            if box.aborted or exp.peer in box.dead:
+                self._check(exp.peer)
+            now = _monotonic()
+            if now < spin_end:
+                continue
+            if now >= deadline:
+                raise DistTimeoutError(f"timed out waiting for {len(exp.buf)} bytes from rank {exp.peer}")
+            if poller is None:
+                poller = select.poll()
+                for st in streams:
+                    poller.register(st.fd, _IN)
+            poller.poll(max(min(deadline - now, SLICE_S), 0.0) * 1000)
+
+    def _finish_frame(self, st: _Stream) -> None:
+        """Read the rest of ``st``'s frame (``end``: nothing of this rank's is left to send)."""
+        poller = select.poll()
+        poller.register(st.fd, _IN)
+        dead = self.t.mailbox.dead
+        while (st.got or st.frame is not None or st.pending) and not st.ended:
+            if not self._advance(st):
+                if st.peer in dead:  # (the receiver thread finds the stream broken too)
+                    return
+                poller.poll(SLICE_S * 1000)
+
+    def _advance(self, st: _Stream) -> bool:
+        """Read what is there of ``st``'s current frame (without waiting); False if nothing was.
+        A frame read whole fills its receive, or goes where the receiver thread would put it.
+        A stream that ends (a goodbye, a close, garbage) marks its peer lost and reads no
+        more: whoever waits for that peer raises (``_check``); the rest of the op goes on."""
+        if st.ended:
+            return False
+        view = st.view
+        if st.pending:
+            k = min(len(view) - st.got, len(st.pending))
+            view[st.got:st.got + k] = st.pending[:k]
+            st.pending = st.pending[k:]
+        else:
+            if st.frame is None and not st.got:
+                queue = self.expected.get(st.peer)
+                if queue and len(queue[0].buf) <= SCATTER_MAX:
+                    return self._scatter(st, queue)
+            try:
+                k = st.sock.recv_into(view[st.got:], len(view) - st.got, _DONTWAIT)
+            except BlockingIOError:
+                return False
+            except OSError as e:
+                self._ended(st, e)
+                return False
+            if k == 0 and len(view):
+                self._ended(st, ConnectionResetError("connection closed by peer"))
+                return False
+        st.got += k
+        if st.got < len(view):
+            return True
+        st.got = 0
+        frame = st.frame
+        if frame is None:
+            self._start_frame(st)
+        else:
+            st.frame, st.view = None, st.hview
+            self._complete(st, frame)
+        return True
+
+    def _scatter(self, st: _Stream, queue: list[DirectHandle]) -> bool:
+        """Read a header and the payload after it in one call, the payload straight into the
+        buffer of the receive next in line (the frame is nearly always that one's: one system
+        call and none of ``_start_frame`` per message). A frame that is not goes the general
+        way, with the bytes already read fed back in (``pending``)."""
+        head = queue[0]
+        hview, buf = st.hview, head.buf
+        try:
+            k = st.sock.recvmsg_into((hview, buf), 0, _DONTWAIT)[0]
+        except BlockingIOError:
+            return False
+        except OSError as e:
+            self._ended(st, e)
+            return False
+        if k == 0:
+            self._ended(st, ConnectionResetError("connection closed by peer"))
+            return False
+        hsize = len(hview)
+        if k < hsize:  # part of a header: the general way reads the rest
+            st.got = k
+            return True
+        channel, nbytes, meta, kind = self._unpack(st.header)
+        got = k - hsize
+        if kind == KIND_DATA and channel == head.channel and nbytes <= len(buf):
+            del queue[0]
+            if got >= nbytes:
+                if got > nbytes:  # it was shorter than the receive: what follows is the next frame's
+                    st.pending = bytes(buf[nbytes:got])
+                head.nbytes, head.meta = nbytes, meta
+            else:
+                st.frame, st.view, st.got = [kind, channel, nbytes, meta, head, None], buf[:nbytes], got
+            return True
+        st.pending = bytes(buf[:got])  # another frame's bytes (and perhaps more): the general way
+        self._start_frame(st)
+        return True
+
+    def _start_frame(self, st: _Stream) -> None:
+        t = self.t
+        channel, nbytes, meta, kind = self._unpack(st.header)
+        try:
+            if check_header(kind, nbytes, self.max_message):
+                raise BadFrame("it sent a striped message over a connection without lanes")
+        except BadFrame as e:
+            self._ended(st, e)
+            return
+        exp = None
+        if kind == KIND_DATA:
+            queue = self.expected.get(st.peer)
+            if queue:
+                for i, e in enumerate(queue):
+                    if e.channel == channel:
+                        exp = queue.pop(i)
+                        break
+        if exp is not None and nbytes <= len(exp.buf):
+            held, st.view = None, exp.buf[:nbytes]
+        else:  # a frame of no receive of this op (or too long for it): held, then handed on
+            held = bytearray(nbytes) if kind != KIND_DATA or exp is not None else t.mailbox.pool.acquire(nbytes)
+            st.view = memoryview(held)
+        frame = [kind, channel, nbytes, meta, exp, held]
+        if nbytes:
+            st.frame = frame
+        else:
+            st.view = st.hview
+            self._complete(st, frame)
+
+    def _complete(self, st: _Stream, frame: list) -> None:
+        kind, channel, nbytes, meta, exp, held = frame
+        peer = st.peer
+        if exp is not None:  # (too long for its receive: its length says so, the Comm names it)
+            exp.nbytes, exp.meta = nbytes, meta
+            if held is not None and kind == KIND_DATA:
+                self.t.mailbox.pool.release(held)
+        elif kind != KIND_DATA:
+            if self.t._control(peer, kind, channel, held):  # a goodbye (the peer is marked lost)
+                st.ended = True
+        else:
+            self.t.mailbox.arrived(peer, channel, held, meta)
+
+    def _ended(self, st: _Stream, e: BaseException) -> None:
+        """``st``'s stream broke with ``e``: its peer is lost, as the receiver thread would say."""
+        st.ended = True
+        t = self.t
+        t._stream_broken(st.peer, e)
+        if st.peer not in t.mailbox.dead:  # (closing) still fail the receives from it
+            t.mailbox.peer_lost(st.peer, str(e))
+
+    def _check(self, peer: int) -> None:
+        """Raise what another thread found meanwhile: ``peer`` lost, or the op's group aborted."""
+        box = self.t.mailbox
+        err = box.dead.get(peer)
+        if err is None and box.aborted:
+            for queue in self.expected.values():
+                for exp in queue:
+                    err = box.aborted.get(exp.channel >> 32)
+                    if err is not None:
+                        break
+        if err is not None:
+            raise err

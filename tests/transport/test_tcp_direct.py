@@ -1,0 +1,157 @@
+"""The tcp lane: a synchronous caller reads and writes its peers' sockets itself
+(``pyc10d/transport/tcp_direct.py``). What it must keep from the receiver-thread path: every
+frame ends up where that path would put it (another receive, the mailbox, a peer's abort or
+goodbye), nothing is lost at the seams between the caller and the receiver thread, a rank on
+the lane and a rank on the general path exchange correctly, and a caller never waits out its
+timeout for what another thread already knows."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from _multirank import run_ranks
+
+import pyc10d as dist
+
+
+def _engine():  # noqa: ANN202
+    return dist.group.WORLD._get_backend()
+
+
+def _last_call_then_leave(rank: int, ws: int) -> int:
+    """Rank 1 leaves at once after its last call, and rank 0 reads late in it: the peer's
+    goodbye is in the socket right behind its last message, and a caller that reads ahead
+    must not fail on it (it did: the barrier's token was read, then the goodbye raised)."""
+    from pyc10d.transport.tcp_direct import DirectIO
+
+    for i in range(10):
+        t = torch.full((3,), float(rank + i))
+        dist.all_reduce(t)
+        assert t.tolist() == [float(sum(range(ws)) + ws * i)] * 3, t
+    if rank == 0:
+        fill = DirectIO.fill
+
+        def late_fill(self, exp, deadline):  # noqa: ANN001, ANN202
+            time.sleep(0.3)  # rank 1 has its token and has left by now
+            return fill(self, exp, deadline)
+
+        DirectIO.fill = late_fill
+    dist.barrier()
+    return _engine()._direct is not None
+
+
+@pytest.mark.timeout(60)
+def test_a_goodbye_right_behind_the_last_message_is_not_an_error() -> None:
+    assert run_ranks("tcp", 2, _last_call_then_leave, timeout=30) == [True, True]
+
+
+def _ping_first(rank: int, ws: int) -> list[float]:
+    """A peer's heartbeat ping (a frame of no payload) comes right before the data a caller
+    reads header and payload of in one call: the bytes read past the ping are the data
+    frame's, fed back in (``pending``)."""
+    from pyc10d.transport.framed import KIND_PING
+
+    transport = _engine().transport
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)  # connected, on the lane
+    out = []
+    for i in range(20):
+        if rank == 1:
+            transport._send(0, KIND_PING, 0, memoryview(b""), 0)
+        t = torch.full((4,), float(rank + 1 + i))
+        dist.all_reduce(t)
+        out.append(t[0].item())
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_ping_ahead_of_the_data_is_skipped_and_the_data_kept() -> None:
+    want = [float(1 + 2 + 2 * i) for i in range(20)]
+    assert run_ranks("tcp", 2, _ping_first, timeout=30) == [want, want]
+
+
+def _one_rank_on_the_general_path(rank: int, ws: int) -> list:
+    """Rank 1 has no lane (every call takes the general path, its receiver thread reading);
+    the others are on it: the same messages either way."""
+    engine = _engine()
+    if rank == 1:
+        engine._lane_step = lambda *a: False  # type: ignore[method-assign]
+    results = []
+    for n in (2, 5000, 70_000, 300_001):  # direct, direct, ring in segments
+        t = torch.arange(n, dtype=torch.float32) + rank
+        dist.all_reduce(t)
+        want = torch.arange(n, dtype=torch.float32) * ws + sum(range(ws))
+        results.append(bool(torch.equal(t, want)))
+        out = torch.empty(ws * n)
+        dist.all_gather_into_tensor(out, torch.full((n,), float(rank)))
+        results.append(bool(torch.equal(out, torch.arange(ws).repeat_interleave(n).float())))
+        b = torch.full((n,), float(rank))
+        dist.broadcast(b, src=ws - 1)
+        results.append(bool(torch.all(b == ws - 1)))
+        rs = torch.empty(n)
+        dist.reduce_scatter_tensor(rs, torch.ones(ws * n))
+        results.append(bool(torch.all(rs == ws)))
+    dist.barrier()
+    return [results, engine._direct is not None]
+
+
+@pytest.mark.timeout(60)
+def test_ranks_on_the_lane_and_on_the_general_path_exchange_correctly() -> None:
+    res = run_ranks("tcp", 3, _one_rank_on_the_general_path, timeout=45)
+    for r, (checks, laned) in enumerate(res):
+        assert all(checks), (r, checks)
+        assert laned == (r != 1), res
+
+
+def _abort_while_waiting(rank: int, ws: int) -> float:
+    """Rank 0 waits on the lane (in ``poll``) for rank 1, which is late; another thread of
+    rank 0 aborts the group: the caller sees it within a slice, not at its timeout."""
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    if rank == 1:
+        time.sleep(3.0)
+        return 0.0
+    pg = dist.group.WORLD
+    threading.Timer(0.3, lambda: pg._get_backend().abort()).start()
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(t)
+    except dist.DistError as e:
+        assert "abort" in str(e), e
+        return time.monotonic() - t0
+    raise AssertionError("the all_reduce returned after the group was aborted")
+
+
+@pytest.mark.timeout(60)
+def test_an_abort_from_another_thread_ends_a_wait_on_the_lane() -> None:
+    took, _ = run_ranks("tcp", 2, _abort_while_waiting, timeout=30, pg_timeout=20)
+    assert 0.25 < took < 1.5, took
+
+
+def _early_messages(rank: int, ws: int) -> list[float]:
+    """Rank 1 runs ahead: its messages of the next calls arrive before rank 0 issues them
+    (read into the mailbox by whoever reads the socket, and noted by the desync check); rank
+    0's calls still run on the lane and take them from there."""
+    engine = _engine()
+    general = []
+    submit = engine._submit
+    engine._submit = lambda opname, *a, **k: (general.append(opname), submit(opname, *a, **k))[1]
+    out = []
+    for i in range(30):
+        if rank == 0 and i % 10 == 5:
+            time.sleep(0.1)  # rank 1 is several calls ahead now
+        t = torch.full((3,), float(i + rank))
+        dist.all_reduce(t)
+        out.append(t[0].item())
+    dist.barrier()
+    return [out, general]
+
+
+@pytest.mark.timeout(60)
+def test_messages_that_came_before_their_call_are_taken_on_the_lane() -> None:
+    for out, general in run_ranks("tcp", 2, _early_messages, timeout=30):
+        assert out == [float(2 * i + 1) for i in range(30)]
+        assert general == [], general
