@@ -56,12 +56,7 @@ def allreduce_direct_step(comm: Comm, op: ReduceOp, dtype: torch.dtype, numel: i
         comm.channel, comm.deadline, comm.timeout = channel, deadline, timeout
         if cache[0] != t.data_ptr():
             cache[0], cache[1] = t.data_ptr(), byte_view(t)
-        pending = [comm.irecv_into(p, bufs[p], views[p]) for p in order]
-        tv = cache[1]
-        for p in order:
-            comm.send_view(p, tv, dtype)
-        for pr in pending:
-            pr.wait()
+        comm.swap_all(order, cache[1], dtype, bufs, views)
         # b0 op b1 op ... in rank order, as above, with fewer passes: rank 1 holds b1 in ``t``
         if r == 1:
             fn(bufs[0], t, out=t)

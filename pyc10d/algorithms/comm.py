@@ -229,14 +229,26 @@ class Comm:
         handle = self.transport.irecv(self.ranks[peer], self.channel, byte_view(t))
         return PendingRecv(self, handle, t, peer)
 
-    def send_view(self, peer: int, view: memoryview, dtype: torch.dtype) -> None:
-        """``send`` of a tensor of ``dtype`` whose bytes ``view`` holds (a step made once
-        keeps its views: ``byte_view`` per call is a ctypes object and a memoryview)."""
-        self.transport.send(self.ranks[peer], self.channel, view, _CODE.get(dtype, 0) | (self.fingerprint << 8))
-
-    def irecv_into(self, peer: int, t: torch.Tensor, view: memoryview) -> PendingRecv:
-        """``irecv`` into ``t``, whose bytes ``view`` holds (see ``send_view``)."""
-        return PendingRecv(self, self.transport.irecv(self.ranks[peer], self.channel, view), t, peer)
+    def swap_all(self, order: list[int], view: memoryview, dtype: torch.dtype, bufs: list[torch.Tensor],
+                 views: list[memoryview]) -> None:
+        """Send ``view`` (bytes of a tensor of ``dtype``) to every peer of ``order`` and receive
+        each one's message into ``views[p]`` (the bytes of ``bufs[p]``): every receive posted,
+        then the sends, then the waits. What a ``PendingRecv`` checks is checked in one
+        comparison (same length, same message word); anything else, or a failure, goes
+        through ``PendingRecv.wait``, which says what differs."""
+        tr, ranks, ch = self.transport, self.ranks, self.channel
+        word = _CODE.get(dtype, 0) | (self.fingerprint << 8)
+        handles = [tr.irecv(ranks[p], ch, views[p]) for p in order]
+        for p in order:
+            tr.send(ranks[p], ch, view, word)
+        deadline = self.deadline
+        for h, p in zip(handles, order):
+            try:
+                nbytes, meta = h.wait(deadline - time.monotonic())
+            except Exception:  # noqa: BLE001 - said below, in the words of every receive
+                nbytes = meta = -1
+            if nbytes != len(views[p]) or meta != word:
+                PendingRecv(self, h, bufs[p], p).wait()
 
     def irecv_any(self, t: torch.Tensor) -> PendingRecv:
         """A receive from whichever group member sends first on this channel."""

@@ -58,6 +58,8 @@ class TCPBackend(Backend):
         kind, opname = key[0], _OPNAMES.get(key[0])
         if opname is None:
             return False
+        if io.max_bytes is not None and max(0 if t is None else t.nbytes for t in (x, y)) > io.max_bytes:
+            return False  # (an oversubscribed host: see ``OVERSUBSCRIBED_DIRECT_MAX``)
         if kind != "barrier":
             assert x is not None
             if x.is_complex() or (y is not None and y.is_complex()):
