@@ -1,5 +1,6 @@
 """Fit the simulator to this host and check it: parameters from a tcp ping-pong between two
-ranks and from one timed reduction, never from the collectives compared afterwards; then
+ranks (a broadcast from each in turn: one message each way, through the path collectives
+take) and from one timed reduction, never from the collectives compared afterwards; then
 all_reduce at n = 2, 4, 8 tcp ranks (processes) measured here beside the simulation of the
 same algorithm with the fitted parameters.
 
@@ -34,6 +35,10 @@ WORLDS = [2, 4, 8]
 def _rank(rank: int, n: int, path: str, job: str, out: Any) -> None:
     import pyc10d as dist
 
+    # One thread of torch's per rank: forked from a process whose pool was sized for the whole
+    # machine, each rank's 1 MiB add spread over every core, and n=2 all_reduce 1 MiB took
+    # 7.4 ms against 0.67 ms with one thread (launchers set OMP_NUM_THREADS=1 for that reason).
+    torch.set_num_threads(1)
     dist.init_process_group("tcp", init_method=f"file://{path}", rank=rank, world_size=n)
     res = {}
     for s in PINGPONG if job == "pingpong" else SIZES:
@@ -43,13 +48,9 @@ def _rank(rank: int, n: int, path: str, job: str, out: Any) -> None:
         for i in range(reps + 3):
             dist.barrier()
             t0 = time.perf_counter()
-            if job == "pingpong":
-                if rank == 0:
-                    dist.send(t, 1)
-                    dist.recv(t, 1)
-                else:
-                    dist.recv(t, 0)
-                    dist.send(t, 0)
+            if job == "pingpong":  # through the path the collectives take (tcp's lane)
+                dist.broadcast(t, src=0)
+                dist.broadcast(t, src=1)
             else:
                 dist.all_reduce(t)
             if i >= 3:
