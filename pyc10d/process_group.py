@@ -20,7 +20,7 @@ from .backends import Options
 from .backends.fake import FakeBackend
 from .backends.hier import create_auto, create_hier
 from .backends.lane import LaneOps
-from .backends.lifetime import release_on_drop
+from .backends.lifetime import freeze_heap_once, release_on_drop
 from .backends.shm import ShmBackend
 from .backends.tcp import Backend as _Engine
 from .backends.tcp import TCPBackend
@@ -92,7 +92,9 @@ register_factory("auto", create_auto)  # the default: shm on one host, hier acro
 
 
 def make_engine(backend: str, store: Store, rank: int, size: int, timeout: timedelta, name: str) -> Any:
+    """The engine of a new group (every API makes its groups' engines here)."""
     key = Backend.resolve(backend)
+    freeze_heap_once()
     if key in _FACTORIES:
         return _FACTORIES[key](store, rank, size, timeout, name)
     if key in Backend._plugins:

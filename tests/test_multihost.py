@@ -161,7 +161,7 @@ def test_benchmark_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     multihost.main(["--sizes", "8,64K", "--scale", "0.05", "--rounds", "1", "--out", str(tmp_path)])
     [path] = tmp_path.glob("multihost-*.json")
     record = json.loads(path.read_text())
-    assert record["chosen"] == {"auto": "hier", "tcp": "tcp"}
+    assert record["chosen"] == {"auto": "hier", "tcp": "tcp", "gloo": "gloo"}
     assert [row["bytes"] for row in record["best"]["auto"]] == [8, 64 << 10]
     assert all(row["seconds"] > 0 and row["checked"] for rows in record["best"].values() for row in rows)
     assert record["shaping"]["delay_ms"] == 1.0 or "sch_netem" in record["shaping"]["note"]

@@ -131,9 +131,13 @@ class HierBackend(Backend):
         base = _base_op(red)
         if self.local:
             self._done(self.local.reduce([t], self._opts(comm, ReduceOptions, reduceOp=base), _sync=True))
-        if self.cross:
+        # The leaders' all_reduce and the hosts' broadcast on their engines' lean lanes when
+        # they take them (tcp's reads the sockets on this thread: ``transport/tcp_direct``), the
+        # general path else. (On a lane a level runs under its engine's own timeout, the
+        # group's, rather than what is left of this operation's.)
+        if self.cross and not self.cross.lean_allreduce(t, base.op):
             self._done(self.cross.allreduce([t], self._opts(comm, AllreduceOptions, reduceOp=base), _sync=True))
-        if self.local:
+        if self.local and not self.local.lean_broadcast(t, 0):
             self._done(self.local.broadcast([t], self._opts(comm, BroadcastOptions), _sync=True))
 
     def _broadcast_flat(self, comm: algo.Comm, t: torch.Tensor, root: int) -> None:

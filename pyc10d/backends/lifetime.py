@@ -112,3 +112,26 @@ def _shutdown_quietly(engine: Any) -> None:
     except Exception as e:  # noqa: BLE001 - a finalizer has no caller to raise to
         logging.getLogger("pyc10d").debug("pyc10d: releasing dropped group %r: %s",
                                           getattr(engine, "group_name", "?"), e)
+
+
+_frozen = False
+
+
+def freeze_heap_once() -> None:
+    """At a process's first group, move every object alive then out of the collector's sight
+    (``gc.freeze``): they are the process's long-lived heap (torch's modules, the user's model),
+    and the collector walking them was what a rank's first second of collectives waited on.
+
+    Measured (tcp, 3,000 back-to-back 8 B all_reduces right after init, 4 ranks on 2 cores):
+    three or four calls of 79-101 ms each, at 0.3-0.8 s, on every rank (full collections over
+    torch's objects, prompted by the calls' own short-lived ones); with the heap frozen after
+    init, none above 2.4 ms. Gloo's calls make no Python objects to prompt them.
+    ``PYC10D_GC_FREEZE=0`` leaves the collector alone (objects frozen are never collected,
+    even should they become garbage in a cycle later)."""
+    global _frozen
+    if _frozen:
+        return
+    _frozen = True
+    if os.environ.get("PYC10D_GC_FREEZE", "1").strip().lower() in ("0", "false", "off", "no"):
+        return
+    gc.freeze()

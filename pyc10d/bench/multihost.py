@@ -3,8 +3,8 @@
 Builds ``--hosts`` hosts (``pyc10d.testing.hosts``; needs root) with ``--ranks-per-host``
 ranks each, shapes the links between them (``--delay-ms`` one-way netem delay, or when the
 kernel has no ``sch_netem`` a ``--rate`` limit with tbf, recorded in the JSON), and times
-all_reduce (float32, SUM) on ``auto`` (which picks the hierarchical backend) and on ``tcp``
-(the flat ring). Per size: a few warm-up calls, a barrier, then K calls back to back, each
+all_reduce (float32, SUM) on ``auto`` (which picks the hierarchical backend), on ``tcp`` (the
+flat ring) and on torch.distributed's ``gloo`` (the peer, same hosts, same loop). Per size: a few warm-up calls, a barrier, then K calls back to back, each
 on its own buffer so that every result is checked afterwards (a wrong one stops the run); a
 rank's figure is its elapsed time / K, the reported one the maximum over ranks (the slowest
 rank bounds a synchronous step). Writes ``<out>/multihost-<time>.json`` and prints a table.
@@ -41,9 +41,14 @@ def _iters(nbytes: int, scale: float) -> int:
 def _rank(rank: int, ws: int, master: str, backend: str, sizes: list[int], scale: float, out: str) -> None:
     import torch
 
-    import pyc10d as dist
     from pyc10d.bench.worker import Op
 
+    if backend == "gloo":
+        import torch.distributed as dist
+
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")  # (the host's name resolves to loopback)
+    else:
+        import pyc10d as dist  # type: ignore[no-redef]
     torch.set_num_threads(1)
     dist.init_process_group(backend, init_method=f"tcp://{master}", rank=rank, world_size=ws,
                             timeout=datetime.timedelta(seconds=120))
@@ -51,7 +56,7 @@ def _rank(rank: int, ws: int, master: str, backend: str, sizes: list[int], scale
     for nbytes in sizes:
         k = _iters(nbytes, scale)
         op = Op(dist, "all_reduce", max(nbytes // 4, 1), rank, ws, k)  # k buffers: each checked
-        for i in range(2):
+        for i in range(min(k, 10)):  # (two were too few: hier's first 8 B row read 2.2 ms, its next 0.4)
             op.run(i)
         op.reset()
         seconds = back_to_back(dist, op.run, k)
@@ -138,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
 
     sizes = [parse_size(s) if not s.isdigit() else int(s) for s in args.sizes.split(",")]
     world = args.hosts * args.ranks_per_host
-    runs: dict[str, list[dict[str, Any]]] = {"auto": [], "tcp": []}
+    runs: dict[str, list[dict[str, Any]]] = {"auto": [], "tcp": [], "gloo": []}
     with Hosts(args.hosts) as hosts, tempfile.TemporaryDirectory() as tmp:
         shaping = _shape(hosts, args.delay_ms, args.rate or None)
         port = PORT
@@ -160,10 +165,10 @@ def main(argv: list[str] | None = None) -> None:
     link = shaping["delay_ms"] and f"{shaping['delay_ms']} ms delay" or shaping["rate"] or "unshaped"
     print(f"all_reduce, {args.hosts} hosts x {args.ranks_per_host} ranks, links: {link}; "
           f"auto chose {record['chosen']['auto']}")
-    print(f"{'size':>8}  {'hier us':>10}  {'tcp us':>10}  {'tcp / hier':>10}")
-    for h, t in zip(best["auto"], best["tcp"]):
+    print(f"{'size':>8}  {'hier us':>10}  {'tcp us':>10}  {'gloo us':>10}  {'tcp / hier':>10}  {'gloo / hier':>11}")
+    for h, t, g in zip(best["auto"], best["tcp"], best["gloo"]):
         print(f"{format_size(h['bytes']):>8}  {h['seconds'] * 1e6:>10.0f}  {t['seconds'] * 1e6:>10.0f}  "
-              f"{t['seconds'] / h['seconds']:>9.2f}x")
+              f"{g['seconds'] * 1e6:>10.0f}  {t['seconds'] / h['seconds']:>9.2f}x  {g['seconds'] / h['seconds']:>10.2f}x")
     print(f"wrote {path}")
 
 

@@ -233,11 +233,13 @@ def _groups_in_cycles(api: str, world: int) -> list[weakref.ref]:
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("api", ["native", "plugin"])
-def test_a_forked_child_keeps_the_groups_it_inherits(api: str) -> None:
+def test_a_forked_child_keeps_the_groups_it_inherits(api: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Shm groups made by ranks as threads are garbage in reference cycles when the process
     forks; the child's collector must leave them alone (what a group holds may join the
     parent's threads in its destructor, fatal in a child: ``backends.lifetime``), and the
     parent's then releases them, engines shut down."""
+    # Not placed: placement pins the whole process (here the test runner's, for the tests after)
+    monkeypatch.setenv("PYC10D_BIND", "none")
     gc.collect()  # earlier tests' garbage (their torch stores included) is not this test's
     gc.disable()  # the cycles must still be there at the fork
     try:
