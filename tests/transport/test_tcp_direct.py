@@ -155,3 +155,37 @@ def test_messages_that_came_before_their_call_are_taken_on_the_lane() -> None:
     for out, general in run_ranks("tcp", 2, _early_messages, timeout=30):
         assert out == [float(2 * i + 1) for i in range(30)]
         assert general == [], general
+
+
+def _two_threads_two_groups(rank: int, ws: int) -> list:
+    """The world group and a subgroup of the same ranks (one transport, one socket per pair)
+    used by two threads at once: a caller finding the socket taken by the other thread's
+    operation takes the receiver thread's path, and the operation reading hands it its
+    frames; every result exact."""
+    sub = dist.new_group(list(range(ws)))
+    errors: list = []
+
+    def work(group, base: int) -> None:  # noqa: ANN001
+        try:
+            for i in range(60):
+                t = torch.full((4,), float(base + i + rank))
+                dist.all_reduce(t, group=group)
+                assert t[0].item() == 2 * (base + i) + 1, (t, base, i)
+                b = torch.full((70_000,), float(rank))
+                dist.broadcast(b, src=1, group=group)
+                assert bool(torch.all(b == 1)), (base, i)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(g, base)) for g, base in ((None, 0), (sub, 1000))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(40)
+    dist.barrier()
+    return errors
+
+
+@pytest.mark.timeout(60)
+def test_two_threads_on_two_groups_of_one_transport() -> None:
+    assert run_ranks("tcp", 2, _two_threads_two_groups, timeout=50) == [[], []]
