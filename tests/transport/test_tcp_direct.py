@@ -162,10 +162,14 @@ def _two_threads_two_groups(rank: int, ws: int) -> list:
     used by two threads at once: a caller finding the socket taken by the other thread's
     operation takes the receiver thread's path, and the operation reading hands it its
     frames; every result exact."""
+    from pyc10d.world import current_world, set_thread_world
+
     sub = dist.new_group(list(range(ws)))
     errors: list = []
+    world = current_world()  # the rank's (the harness may give its thread a world of its own)
 
     def work(group, base: int) -> None:  # noqa: ANN001
+        set_thread_world(world)
         try:
             for i in range(60):
                 t = torch.full((4,), float(base + i + rank))
