@@ -283,7 +283,7 @@ FORKED = """
     threading.Thread(target=late).start()
     atexit.register(lambda: open(os.path.join(out, "atexit_" + rank), "w").write(
         str(os.path.exists(os.path.join(out, "thread_" + rank)))))
-    print("rank", rank, "says hello", flush=False)
+    print("rank " + rank + " says hello", flush=False)  # one string: one write, whole (ranks share the pipe)
     sys.exit(int(sys.argv[2]) if rank == "1" else 0)
 """
 
