@@ -73,10 +73,6 @@ class TCPBackend(Backend):
         high = self.group_key << 32
         ranks, rank, scratch = self.ranks, self._rank, self._scratch
         if kind == "allreduce":
-            small = self._small_allreduce_step(io, x, red, collective)
-            if small is not None:
-                return small
-        if kind == "allreduce":
             def run(comm: Comm, x: Any, y: Any) -> None:
                 self._allreduce_dense(comm, [x], red)
         elif kind == "broadcast":
@@ -107,13 +103,16 @@ class TCPBackend(Backend):
             finally:
                 io.end()
 
+        if kind == "allreduce":
+            return self._small_allreduce_step(io, x, red, collective, step) or step
         return step
 
-    def _small_allreduce_step(self, io: DirectIO, x: torch.Tensor, red: Any, collective: Any) -> Step | None:
+    def _small_allreduce_step(self, io: DirectIO, x: torch.Tensor, red: Any, collective: Any,
+                              general: Step) -> Step | None:
         """The step of an all_reduce that ``select`` gives ``allreduce_direct`` (every small one
         up to ``SMALL_WORLD`` ranks): ``allreduce_direct_step``, its buffers made once. Each
         call asks ``select`` again (a test, or a caller retuning the thresholds, may change
-        the choice; every rank must run the same algorithm), else takes the general step."""
+        the choice; every rank must run the same algorithm), else takes ``general``."""
         n, nbytes = self._size, x.numel() * x.element_size()
         if n > algo.SMALL_WORLD or algo.select("allreduce", n, nbytes) is not algo.allreduce_direct:
             return None
@@ -125,7 +124,7 @@ class TCPBackend(Backend):
 
         def step(x: Any, y: Any, deadline: float, timeout: float) -> None:
             if select("allreduce", n, nbytes) is not direct:
-                return self._lane_general(io, "allreduce", x, red, collective, deadline, timeout)
+                return general(x, y, deadline, timeout)
             running = self._running_op
             assert running is not None
             io.begin()
@@ -137,20 +136,6 @@ class TCPBackend(Backend):
                 x.div_(n)
 
         return step
-
-    def _lane_general(self, io: DirectIO, opname: str, x: Any, red: Any, collective: Any, deadline: float,
-                      timeout: float) -> None:
-        """An all_reduce on the lane through the general path's exchange (``_allreduce_dense``)."""
-        running = self._running_op
-        assert running is not None
-        comm = Comm(io, self.ranks, self._rank, (self.group_key << 32) | (running[0] & 0x7FFFFFFF), timeout, opname)
-        comm.scratch_pool = self._scratch
-        comm.collective = collective
-        io.begin()
-        try:
-            self._allreduce_dense(comm, [x], red)
-        finally:
-            io.end()
 
 
 #: The general path's operation name of each lane key (its messages' fingerprint).

@@ -195,12 +195,9 @@ class Mailbox:
         with self.lock:
             if peer == ANY_SOURCE:
                 peer = self._earliest_unexpected(channel)
-            queue = self.unexpected[peer].get(channel) if peer != ANY_SOURCE else None
-            if queue:
-                data, meta, _ = queue.pop(0)
-                self.waiting_unexpected -= 1
-                if not queue:
-                    del self.unexpected[peer][channel]
+            got = self._pop_unexpected(peer, channel) if peer != ANY_SOURCE else None
+            if got is not None:
+                data, meta = got
                 handle.peer = peer
             else:
                 err = self.aborted.get(channel_namespace(channel)) or self._lost(peer)
@@ -213,6 +210,18 @@ class Mailbox:
                 return
         deliver_copy(handle, data, meta)
         self.pool.release(data)
+
+    def _pop_unexpected(self, peer: int, channel: int) -> tuple[bytes | bytearray | memoryview, int] | None:
+        """Under the lock: the first message from ``peer`` on ``channel`` that no receive took
+        yet, out of the queue (``(payload, meta)``), or None."""
+        queue = self.unexpected[peer].get(channel)
+        if not queue:
+            return None
+        data, meta, _ = queue.pop(0)
+        self.waiting_unexpected -= 1
+        if not queue:
+            del self.unexpected[peer][channel]
+        return data, meta
 
     def _earliest_unexpected(self, channel: int) -> int:
         best, first = ANY_SOURCE, None
@@ -247,13 +256,10 @@ class Mailbox:
         into ``buf`` (``(nbytes, meta)``; a longer one is dropped, its length says so), or
         None if there is none. For a receiver that reads the socket itself (``tcp_direct``)."""
         with self.lock:
-            queue = self.unexpected[peer].get(channel)
-            if not queue:
-                return None
-            data, meta, _ = queue.pop(0)
-            self.waiting_unexpected -= 1
-            if not queue:
-                del self.unexpected[peer][channel]
+            got = self._pop_unexpected(peer, channel)
+        if got is None:
+            return None
+        data, meta = got
         n = len(data)
         if n and n <= len(buf):
             copy_bytes(buf, data)

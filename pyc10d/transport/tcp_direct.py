@@ -545,11 +545,11 @@ class DirectIO:
         """Raise what another thread found meanwhile: ``peer`` lost, or the op's group aborted."""
         box = self.t.mailbox
         err = box.dead.get(peer)
-        if err is None and box.aborted:
+        if err is not None:
+            raise err
+        if box.aborted:  # (every receive of an operation is in its group's namespace)
             for queue in self.expected.values():
                 for exp in queue:
                     err = box.aborted.get(exp.channel >> 32)
                     if err is not None:
-                        break
-        if err is not None:
-            raise err
+                        raise err
