@@ -69,6 +69,18 @@ def _lane(group: Any) -> Any:
     return None if lane is None or tracing() else lane
 
 
+def _lane_root(group: Any, src: int | None, group_src: int | None) -> int | None:
+    """The root as a rank of ``group`` for the lane, or None: the general path decides (a
+    ``src`` outside the group, both given), and says why."""
+    if src is None:
+        return group_src or 0
+    world = current_world()
+    if group is None or group is world.default_pg:
+        return src
+    mapping = world.pg_group_ranks.get(group)
+    return None if mapping is None else mapping.get(src)
+
+
 def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
     # The lean lane (``backends.lane``) runs it (an asynchronous call: starts it and answers
     # its Work), or says no having done nothing.
@@ -102,10 +114,11 @@ def all_reduce_coalesced(tensors: Any, op: Any = ReduceOp.SUM, group: Any = None
 
 def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, async_op: bool = False,
               group_src: int | None = None) -> Any:
-    if group_src is None if group is None else src is None:
-        lane = _lane(group)  # the root in group ranks: ``src`` on the default group, else group_src
-        if lane is not None:
-            done = lane.lean_broadcast(tensor, (src if group is None else group_src) or 0, not async_op)
+    if src is None or group_src is None:
+        lane = _lane(group)
+        root = None if lane is None else _lane_root(group, src, group_src)
+        if root is not None:
+            done = lane.lean_broadcast(tensor, root, not async_op)
             if done:
                 return done if async_op else None
     check_tensor(tensor, "tensor")
