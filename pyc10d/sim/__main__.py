@@ -75,6 +75,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reduce-gbs", type=float, default=1 / Net.gamma / 1e9, help="reduction, GB/s")
     p.add_argument("--fit", action="store_true", help="fit the parameters on this host (tcp "
                    "ping-pong, one reduction) and check the prediction against tcp at n=2,4,8")
+    p.add_argument("--fit-save", metavar="JSON", help="with --fit: write the measurements here")
+    p.add_argument("--fit-load", metavar="JSON", help="with --fit: use these measurements "
+                   "(a --fit-save) instead of measuring again")
     return p.parse_args(argv)
 
 
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.fit:
         from .fit import validate
-        validate()
+        validate(saved=args.fit_load, save=args.fit_save)
         return 0
     net = Net(ranks_per_host=args.ranks_per_host, cores_per_host=args.cores_per_host,
               latency=args.latency_us * 1e-6, o=args.o_us * 1e-6, nic_beta=8 / (args.gbps * 1e9),

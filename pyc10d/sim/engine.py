@@ -77,6 +77,7 @@ class Sim:
         self.clock = [0.0] * n
         hosts = (n + net.ranks_per_host - 1) // net.ranks_per_host
         self.cores = [[0.0] * net.cores_per_host for _ in range(hosts)]
+        self.last_core = [r % net.ranks_per_host % net.cores_per_host for r in range(n)]
         self.nic_out = [0.0] * hosts
         self.nic_in = [0.0] * hosts
         self.sent_bytes = [0.0] * n
@@ -97,10 +98,20 @@ class Sim:
         """``seconds`` of CPU for ``rank`` on its host's earliest free core."""
         if seconds <= 0:
             return
+        ready = self.ready
+        if ready and ready[0][0] < self.clock[rank]:
+            # Another rank can run earlier (say, send before this one's receive is done): it
+            # takes the cores first, so that each core serves its work in time order.
+            self._push(self.clock[rank], rank)
+            self._switch(rank)
         cores = self.cores[self.net.host(rank)]
-        i = min(range(len(cores)), key=cores.__getitem__)
-        start = max(self.clock[rank], cores[i])
+        now, last = self.clock[rank], self.last_core[rank]
+        # the core where it starts first; of equals the one it ran on last (a scheduler keeps
+        # a thread where it was: a tiny piece of work must not push another rank off its core)
+        i = min(range(len(cores)), key=lambda c: (max(now, cores[c]), c != last))
+        start = max(now, cores[i])
         cores[i] = self.clock[rank] = start + seconds
+        self.last_core[rank] = i
 
     def _reduced(self, nbytes: float) -> None:
         self._cpu(self.current, nbytes * self.net.gamma)
@@ -115,14 +126,19 @@ class Sim:
             self._push(self.clock[src], src)
             self._switch(src)
         b = t.numel() * t.element_size() * self.scale
-        self._cpu(src, net.o + b * net.cpu_beta)
+        self._cpu(src, net.o)
+        # Between ranks of one host the receiver copies out while the sender still copies in
+        # (the kernel's socket buffer pipelines them): the message is there once the sender's
+        # per-message work is done, and the receiver's own copy takes as long as the sender's.
+        first_byte = self.clock[src] + net.local_latency
+        self._cpu(src, b * net.cpu_beta)
         self.sent_bytes[src] += b
         self.sent_msgs[src] += 1
         self.peers[src].add(dst)
         self.peers[dst].add(src)
         hs, hd = net.host(src), net.host(dst)
         if hs == hd:
-            arrive = self.clock[src] + net.local_latency
+            arrive = first_byte
         else:
             depart = max(self.clock[src], self.nic_out[hs])
             self.nic_out[hs] = depart + b * net.nic_beta

@@ -56,3 +56,33 @@ def test_a_missing_send_is_a_deadlock_not_a_hang() -> None:
 
     with pytest.raises(SimDeadlock):
         simulate(2, Net(), body)
+
+
+def test_one_way_on_one_host_is_two_overheads_and_one_copy() -> None:
+    """The fit's model (``sim.fit``): between ranks of one host the receiver copies while the
+    sender does, so one way costs 2·o + local_latency + S·cpu_beta, not two copies."""
+    net = Net(ranks_per_host=2, cores_per_host=2, latency=0.0, local_latency=3e-6, o=5e-6,
+              nic_beta=0.0, cpu_beta=1e-9, gamma=0.0)
+    s = 1 << 20
+
+    def body(c: object) -> None:
+        t = torch.ones(4)
+        if c.rank == 0:
+            c.send(1, t)
+        else:
+            c.recv(0, t)
+
+    sim, _ = simulate(2, net, body, scale=s / 16)
+    assert sim.clock[1] == pytest.approx(2 * 5e-6 + 3e-6 + s * 1e-9, rel=1e-9)
+
+
+def test_cores_serve_work_in_time_order() -> None:
+    """8 ranks on 2 cores, recursive doubling (3 steps): each step is one latency plus the
+    16 overheads of its 8 sends and 8 receives shared by 2 cores. A rank whose message had
+    come must not take a core at a later time ahead of ranks still at an earlier one (that
+    made it 1.44 ms here against this bound's 0.87)."""
+    lat, o = 211e-6, 10e-6
+    net = Net(ranks_per_host=8, cores_per_host=2, latency=0.0, local_latency=lat, o=o,
+              nic_beta=0.0, cpu_beta=0.0, gamma=0.0)
+    got = outcome("allreduce", algo.allreduce_recursive_doubling, 8, 8, net).seconds
+    assert 3 * (lat + 2 * o) <= got <= 3 * (lat + 8 * o)
