@@ -136,7 +136,7 @@ def manager_case(group: str) -> type[unittest.TestCase]:
             """torchft's test, run once more if its first run took over its 1 s: on this VM
             torch's TCPStore stalls 5.0 s on a connection now and then (a reverse lookup of
             a v4-mapped loopback address that the resolver loses: "The hostname of the
-            client socket cannot be retrieved. err=-3"), with any group, Gloo's included;
+            client socket cannot be retrieved. err=-3"), before the test's first quorum;
             seen in 3 of about 8 fresh-clone runs. A regression fails both runs."""
             try:
                 super().test_quorum_timeout()
