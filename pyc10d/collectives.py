@@ -70,15 +70,13 @@ def _lane(group: Any) -> Any:
 
 
 def _lane_root(group: Any, src: int | None, group_src: int | None) -> int | None:
-    """The root as a rank of ``group`` for the lane, or None: the general path decides (a
-    ``src`` outside the group, both given), and says why."""
-    if src is None:
-        return group_src or 0
-    world = current_world()
-    if group is None or group is world.default_pg:
-        return src
-    mapping = world.pg_group_ranks.get(group)
-    return None if mapping is None else mapping.get(src)
+    """The root as a rank of ``group`` for the lane (``group_rank``'s translation), or None
+    where that translation refuses (a ``src`` outside the group, both given): the general
+    path then raises, saying why."""
+    try:
+        return group_rank(group, src, group_src, "src")
+    except ValueError:
+        return None
 
 
 def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False) -> Any:
@@ -114,13 +112,12 @@ def all_reduce_coalesced(tensors: Any, op: Any = ReduceOp.SUM, group: Any = None
 
 def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None, async_op: bool = False,
               group_src: int | None = None) -> Any:
-    if src is None or group_src is None:
-        lane = _lane(group)
-        root = None if lane is None else _lane_root(group, src, group_src)
-        if root is not None:
-            done = lane.lean_broadcast(tensor, root, not async_op)
-            if done:
-                return done if async_op else None
+    lane = _lane(group)
+    root = None if lane is None else _lane_root(group, src, group_src)
+    if root is not None:
+        done = lane.lean_broadcast(tensor, root, not async_op)
+        if done:
+            return done if async_op else None
     check_tensor(tensor, "tensor")
     pg = group_or_warn(group, "broadcast")
     if pg is None:

@@ -98,12 +98,7 @@ class Sim:
         """``seconds`` of CPU for ``rank`` on its host's earliest free core."""
         if seconds <= 0:
             return
-        ready = self.ready
-        if ready and ready[0][0] < self.clock[rank]:
-            # Another rank can run earlier (say, send before this one's receive is done): it
-            # takes the cores first, so that each core serves its work in time order.
-            self._push(self.clock[rank], rank)
-            self._switch(rank)
+        self._in_time_order(rank)  # (a rank that can run earlier takes the cores first)
         cores = self.cores[self.net.host(rank)]
         now, last = self.clock[rank], self.last_core[rank]
         # the core where it starts first; of equals the one it ran on last (a scheduler keeps
@@ -113,18 +108,21 @@ class Sim:
         cores[i] = self.clock[rank] = start + seconds
         self.last_core[rank] = i
 
+    def _in_time_order(self, rank: int) -> None:
+        """Let every rank that can run at an earlier time than ``rank`` run first: each core
+        and each NIC then serves its work in time order (a conservative discrete-event run)."""
+        ready = self.ready
+        if ready and ready[0][0] < self.clock[rank]:
+            self._push(self.clock[rank], rank)
+            self._switch(rank)
+
     def _reduced(self, nbytes: float) -> None:
         self._cpu(self.current, nbytes * self.net.gamma)
 
     # -- messages --------------------------------------------------------------------------
     def _send(self, src: int, dst: int, t: torch.Tensor) -> None:
         net = self.net
-        ready = self.ready
-        if ready and ready[0][0] < self.clock[src]:
-            # A rank that is behind may still send, and what it sends takes the NICs first:
-            # events are taken in time order (a conservative discrete-event run).
-            self._push(self.clock[src], src)
-            self._switch(src)
+        self._in_time_order(src)  # (what a rank behind sends takes the NICs first)
         b = t.numel() * t.element_size() * self.scale
         self._cpu(src, net.o)
         # Between ranks of one host the receiver copies out while the sender still copies in

@@ -96,19 +96,15 @@ def fit_gamma() -> float:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _time_add()
+        a, b = torch.ones(1 << 20), torch.ones(1 << 20)
+        for _ in range(3):
+            torch.add(a, b, out=a)
+        t0 = time.perf_counter()
+        for _ in range(20):
+            torch.add(a, b, out=a)
+        return (time.perf_counter() - t0) / 20 / a.nbytes
     finally:
         torch.set_num_threads(threads)
-
-
-def _time_add() -> float:
-    a, b = torch.ones(1 << 20), torch.ones(1 << 20)
-    for _ in range(3):
-        torch.add(a, b, out=a)
-    t0 = time.perf_counter()
-    for _ in range(20):
-        torch.add(a, b, out=a)
-    return (time.perf_counter() - t0) / 20 / a.nbytes
 
 
 def fitted_net(n: int, fit: dict[str, Any]) -> Net:
@@ -154,8 +150,8 @@ def validate(saved: str | None = None, save: str | None = None) -> list[dict]:
     rows = []
     print("| n | size | algorithm | measured | simulated | sim / measured |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for n in WORLDS:
-        net = fitted_net(n, fit)
+    nets = {n: fitted_net(n, fit) for n in WORLDS}
+    for n, net in nets.items():
         got = fit["allreduce"][n]
         for s in SIZES:
             fn = algo.select("allreduce", n, (max(1, s // 4)) * 4)
@@ -163,6 +159,6 @@ def validate(saved: str | None = None, save: str | None = None) -> list[dict]:
             rows.append({"n": n, "bytes": s, "algorithm": fn.__name__, "measured": got[s], "sim": sim})
             print(f"| {n} | {s} | {fn.__name__} | {got[s] * 1e6:.0f} us | {sim * 1e6:.0f} us | "
                   f"{sim / got[s]:.2f} |", flush=True)
-    for n in WORLDS:
-        print(f"fitted (n={n}): {fitted_net(n, fit)}")
+    for n, net in nets.items():
+        print(f"fitted (n={n}): {net}")
     return rows
