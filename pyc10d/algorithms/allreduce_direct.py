@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..types import ReduceOp
-from .comm import Comm, byte_view
+from .comm import Comm, PendingRecv, byte_view, dtype_code
 from .reduce_ops import kernel, reduce_into
 
 
@@ -51,12 +51,22 @@ def allreduce_direct_step(comm: Comm, op: ReduceOp, dtype: torch.dtype, numel: i
     order = [(r + step) % n for step in range(1, n)]
     fn = kernel(op, dtype)
     cache: list = [-1, None]  # the last input's address and its byte view (which keeps it alive)
+    # Two ranks: one exchange, in one call where the transport has it (``DirectIO.exchange``).
+    exchange = getattr(comm.transport, "exchange", None) if n == 2 else None
+    peer = 1 - r
+    word = dtype_code(dtype) | (comm.fingerprint << 8)
+    nbytes = len(views[peer])
 
     def step(t: torch.Tensor, channel: int, deadline: float, timeout: float) -> None:
         comm.channel, comm.deadline, comm.timeout = channel, deadline, timeout
         if cache[0] != t.data_ptr():
             cache[0], cache[1] = t.data_ptr(), byte_view(t)
-        comm.swap_all(order, cache[1], dtype, bufs, views)
+        if exchange is not None:
+            h = exchange(comm.ranks[peer], channel, cache[1], word, views[peer])
+            if h.nbytes != nbytes or h.meta != word:  # not there yet, or not what was expected
+                PendingRecv(comm, h, bufs[peer], peer).wait()
+        else:
+            comm.swap_all(order, cache[1], dtype, bufs, views)
         # b0 op b1 op ... in rank order, as above, with fewer passes: rank 1 holds b1 in ``t``
         if r == 1:
             fn(bufs[0], t, out=t)

@@ -175,7 +175,8 @@ class LaneOps(Engine):
     def _run_step(self, opname: str, red: ReduceOp | None, root: int, x: torch.Tensor | None,
                   y: torch.Tensor | None, step: Step) -> int:
         """Run ``step`` as the group's next operation, with the engine's bookkeeping."""
-        self._settle_started(True)  # this call waits for its peers anyway: finish that one here
+        if self._started is not None:
+            self._settle_started(True)  # this call waits for its peers anyway: finish that one here
         full = self._claim()
         if not full:
             return 0

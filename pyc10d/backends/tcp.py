@@ -97,7 +97,6 @@ class TCPBackend(Backend):
             comm = Comm(io, ranks, rank, high | (running[0] & 0x7FFFFFFF), timeout, opname)
             comm.scratch_pool = scratch
             comm.collective = collective
-            io.begin()
             try:
                 run(comm, x, y)
             finally:
@@ -127,7 +126,6 @@ class TCPBackend(Backend):
                 return general(x, y, deadline, timeout)
             running = self._running_op
             assert running is not None
-            io.begin()
             try:
                 inner(x if x.dim() == 1 else x.view(-1), high | (running[0] & 0x7FFFFFFF), deadline, timeout)
             finally:

@@ -193,3 +193,45 @@ def _two_threads_two_groups(rank: int, ws: int) -> list:
 @pytest.mark.timeout(60)
 def test_two_threads_on_two_groups_of_one_transport() -> None:
     assert run_ranks("tcp", 2, _two_threads_two_groups, timeout=50) == [[], []]
+
+
+def _two_rank_exchange(rank: int, ws: int) -> dict:
+    """A two-rank small all_reduce is one ``DirectIO.exchange`` (receive posted, frame sent,
+    the answer looked for, in one call): back to back, with the peer later than the spin
+    (the handle's ``wait`` reads on), and with the ranks disagreeing (named, as off it)."""
+    from pyc10d.transport.tcp_direct import DirectIO
+
+    calls = []
+    exchange = DirectIO.exchange
+
+    def counted(self, *a):  # noqa: ANN001, ANN002, ANN202
+        h = exchange(self, *a)
+        calls.append(h.nbytes >= 0)  # answered within the call
+        return h
+
+    DirectIO.exchange = counted
+    out = []
+    for i in range(40):
+        if rank == 1 and i % 10 == 9:
+            time.sleep(0.03)  # past rank 0's spin: its handle waits
+        t = torch.full((2,), float(i + rank))
+        dist.all_reduce(t)
+        out.append(t[0].item())
+    try:
+        dist.all_reduce(torch.ones(2 if rank == 0 else 3))
+        error = "no error"
+    except dist.DistError as e:
+        error = f"{type(e).__name__}: {e}"
+    return {"out": out, "calls": len(calls), "answered": sum(calls), "error": error}
+
+
+@pytest.mark.timeout(60)
+def test_a_two_rank_all_reduce_is_one_exchange() -> None:
+    res = run_ranks("tcp", 2, _two_rank_exchange, timeout=45)
+    for rank, r in enumerate(res):
+        assert r["out"] == [float(2 * i + 1) for i in range(40)], r
+        assert r["calls"] >= 40, r  # every call (and the mismatching one) went through it
+        other = 1 - rank
+        assert "DistBackendError" in r["error"] and f"rank {other}" in r["error"], r["error"]
+    assert res[0]["answered"] <= res[0]["calls"] - 4, res  # rank 0 waited past the spin
+    assert res[1]["answered"] > 0, res
