@@ -273,6 +273,10 @@ def test_readme_tables_come_from_the_reference_file(tmp_path: Path) -> None:
     assert "| 8B | 2 | 20.0 | 400 | 200 | 10.00x | 0.50x (wrong!) | 5.0 | 4.00x |" in text, text
     text = readme.markdown([*records, rec("mpi", 5.0, ok=False)], "ref.json")
     assert "| 5.0 | 4.00x (wrong!) |" in text, text
+    # and with Open MPI forced onto TCP too: tcp's time over that one, the same transport in C
+    text = readme.markdown([*records, rec("mpi", 5.0), rec("mpi-tcp", 8.0)], "ref.json")
+    assert "| mpi µs | shm t/mpi | mpi-tcp µs | tcp t/mpi-tcp |" in text, text
+    assert "| 5.0 | 4.00x | 8.0 | 50.00x (wrong!) |" in text and "`tcp t/mpi-tcp` = pyc10d tcp's time" in text, text
 
 
 def test_readme_headline_comes_from_the_reference_file(tmp_path: Path) -> None:
@@ -287,6 +291,9 @@ def test_readme_headline_comes_from_the_reference_file(tmp_path: Path) -> None:
                rec("mpi", 2, 8, 2.5, ok=False), rec("pyc10d-shm", 2, 100, 1.0),  # not a headline size
                rec("pyc10d-shm", 4, 64 * metrics.MIB, 5000.0), rec("gloo", 4, 64 * metrics.MIB, 9000.0),
                {**rec("pyc10d-shm", 2, 8, 1.0), "op": "broadcast"}]
+    text = readme.headline([*records, rec("mpi-tcp", 2, 8, 7.0)], "ref.json")
+    assert text.splitlines()[2] == "| 8B | 2 | 20.0 | 300 | 700 | 2.5 (wrong!) | 7.0 |", text
+    assert "Open MPI µs | Open MPI over TCP µs |" in text, text
     text = readme.headline(records, "ref.json")
     lines = text.splitlines()
     assert lines[0] == "| all_reduce | ranks | pyc10d shm µs | pyc10d tcp µs | Gloo µs | Open MPI µs |", text

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.metrics import format_size
-from pyc10d.bench.report import C_PEER, REFERENCE, collectives, read_json
+from pyc10d.bench.report import C_PEER, C_PEER_TCP, REFERENCE, collectives, read_json
 
 BEGIN, END = "<!-- bench-tables:begin -->", "<!-- bench-tables:end -->"
 HEADLINE_BEGIN, HEADLINE_END = "<!-- bench-headline:begin -->", "<!-- bench-headline:end -->"
@@ -27,10 +27,11 @@ HEADLINE_BEGIN, HEADLINE_END = "<!-- bench-headline:begin -->", "<!-- bench-head
 HEADLINE_OP, HEADLINE_SIZES = "all_reduce", (8, 32 << 10, 2 << 20, 64 << 20)
 #: Its columns: (backend in the records, heading).
 HEADLINE_COLUMNS = (("pyc10d-shm", "pyc10d shm"), ("pyc10d-tcp", "pyc10d tcp"), (REFERENCE, "Gloo"),
-                    (C_PEER, "Open MPI"))
+                    (C_PEER, "Open MPI"), (C_PEER_TCP, "Open MPI over TCP"))
 PYC10D = ("pyc10d-shm", "pyc10d-tcp", "pyc10d-threaded")
-#: Compared with the C reference (Open MPI over its shared-memory transport) when the run has it.
-C_COMPARED = "pyc10d-shm"
+#: Compared with the C reference when the run has it: shm with Open MPI on its shared-memory
+#: transport, tcp with Open MPI forced onto TCP (``mpi-tcp``), the same transport in C.
+C_COMPARED = (("pyc10d-shm", C_PEER), ("pyc10d-tcp", C_PEER_TCP))
 
 
 def _us(x: float) -> str:
@@ -53,12 +54,14 @@ def markdown(records: list[dict[str, Any]], source: str) -> str:
     mode = meta.get("mode", "barrier")
     how = ("a loop of K ops back to back / K, max over ranks" if mode == "loop"
            else "each op after a barrier, max over ranks")
-    peer = any(r["backend"] == C_PEER for r in coll) and C_COMPARED in backends
+    peers = [(b, c) for b, c in C_COMPARED if b in backends and any(r["backend"] == c for r in coll)]
+    said = {C_PEER: "Open MPI's (the C reference, mpirun + mpi4py, same loop)",
+            C_PEER_TCP: "Open MPI's forced onto its TCP transport (`--mca btl tcp,self`)"}
     out = [f"From `{source}` ({meta.get('time', '?')}, {meta.get('cpus', '?')} CPUs, "
            f"{meta.get('platform', '?')}; timing: {how}; each figure the faster of the run's "
            f"rounds). Ratio = Gloo's time / pyc10d's at the same size (above 1: pyc10d faster)."
-           + (f" `{C_COMPARED[7:]} t/{C_PEER}` = pyc10d shm's time / Open MPI's (the C reference, "
-              f"mpirun + mpi4py, same loop; below 1: pyc10d faster)." if peer else "")]
+           + "".join(f" `{b[7:]} t/{c}` = pyc10d {b[7:]}'s time / {said[c]}; below 1: pyc10d faster."
+                     for b, c in peers)]
     if mem:
         out.append(f"\nMemory bound: a {format_size(mem['bytes'])} torch copy in one process ran at "
                    f"{mem['GBps']:.1f} GB/s during the run.")
@@ -67,8 +70,8 @@ def markdown(records: list[dict[str, Any]], source: str) -> str:
         sizes = sorted({r["bytes"] for r in coll if r["op"] == op})
         header = ["size", "n", *[f"{b[7:]} µs" for b in backends], f"{REFERENCE} µs",
                   *[f"{b[7:]} / gloo" for b in backends]]
-        if peer:
-            header += [f"{C_PEER} µs", f"{C_COMPARED[7:]} t/{C_PEER}"]
+        for b, c in peers:
+            header += [f"{c} µs", f"{b[7:]} t/{c}"]
         rows = []
         for ws in sorted({r["world_size"] for r in coll if r["op"] == op}):
             for size in sizes:
@@ -78,9 +81,9 @@ def markdown(records: list[dict[str, Any]], source: str) -> str:
                     continue
                 rows.append([format_size(size), str(ws), *[_us(m["time_us"]) if m else "-" for m in mine],
                              _us(ref["time_us"]) if ref else "-", *[_ratio(m, ref) for m in mine]])
-                if peer:
-                    c, ours = by.get((C_PEER, op, ws, size)), by.get((C_COMPARED, op, ws, size))
-                    rows[-1] += [_us(c["time_us"]) if c else "-", _ratio(c, ours)]
+                for b, c in peers:
+                    theirs, ours = by.get((c, op, ws, size)), by.get((b, op, ws, size))
+                    rows[-1] += [_us(theirs["time_us"]) if theirs else "-", _ratio(theirs, ours)]
                 for b, m in zip(backends, mine):
                     if m and ref and m["time_us"] > ref["time_us"]:
                         slower.append(f"{b} {op} {format_size(size)} n={ws}: {_ratio(m, ref)}")

@@ -54,23 +54,33 @@ def _rank(rank: int, n: int, path: str, job: str, out: Any) -> None:
     dist.init_process_group("tcp", init_method=f"file://{path}", rank=rank, world_size=n)
     pair = [dist.new_group([i, i + 1]) for i in range(0, n - 1, 2)] if job == "pingpong" else []
     me = pair[rank // 2] if rank // 2 < len(pair) else None
-    res = {}
+    res: dict[Any, Any] = {}
+    wrong = 0
     for s in PINGPONG if job == "pingpong" else SIZES:
-        t = torch.ones(max(1, s // 4))
+        t, back = torch.empty(max(1, s // 4)), torch.empty(max(1, s // 4))
         reps = 100 if s < (1 << 20) else 30
         times = []
         for i in range(reps + 3):
+            t.fill_(float(rank + 1 + i))  # each call starts from this rank's own values
+            back.fill_(-1.0)
             dist.barrier()
             t0 = time.perf_counter()
             if job == "pingpong":  # through the path the collectives take (tcp's lane)
-                if me is not None:
+                if me is not None:  # the even rank's values there, and back into its ``back``
                     dist.broadcast(t, src=rank & ~1, group=me)
-                    dist.broadcast(t, src=rank | 1, group=me)
+                    dist.broadcast(back if rank % 2 == 0 else t, src=rank | 1, group=me)
             else:
                 dist.all_reduce(t)
             if i >= 3:
                 times.append(time.perf_counter() - t0)
+            # checked outside the timing: the round trip's values; the sum of every rank's
+            if job == "pingpong":
+                ok = me is None or bool(torch.all((back if rank % 2 == 0 else t) == float((rank & ~1) + 1 + i)))
+            else:
+                ok = bool(torch.all(t == float(n * (n + 1) // 2 + n * i)))
+            wrong += not ok
         res[s] = statistics.median(times)
+    res["wrong"] = wrong
     out.put((rank, res))
     dist.destroy_process_group()
 
@@ -87,6 +97,10 @@ def measure(job: str, n: int) -> dict[int, float]:
         got = dict(out.get(timeout=300) for _ in range(n))
         for p in procs:
             p.join(30)
+    wrong = {r: got[r].pop("wrong") for r in got}
+    bad = {r: w for r, w in wrong.items() if w}
+    if bad:
+        raise RuntimeError(f"sim --fit: {job} at n={n} gave wrong results on ranks {bad} (calls per rank)")
     res = got[0]
     return {s: t / 2 for s, t in res.items()} if job == "pingpong" else res
 

@@ -86,3 +86,20 @@ def test_cores_serve_work_in_time_order() -> None:
               nic_beta=0.0, cpu_beta=0.0, gamma=0.0)
     got = outcome("allreduce", algo.allreduce_recursive_doubling, 8, 8, net).seconds
     assert 3 * (lat + 2 * o) <= got <= 3 * (lat + 8 * o)
+
+
+@pytest.mark.parametrize("job", ["allreduce", "pingpong"])
+def test_fit_measurements_are_checked(job: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sim --fit``'s timed calls check their results: real calls pass; calls that do
+    nothing (patched before the ranks fork) fail the fit instead of timing nothing."""
+    import pyc10d
+    from pyc10d.sim import fit
+
+    monkeypatch.setattr(fit, "SIZES", [8])
+    monkeypatch.setattr(fit, "PINGPONG", [8])
+    got = fit.measure(job, 2)
+    assert set(got) == {8} and got[8] > 0
+    name = "all_reduce" if job == "allreduce" else "broadcast"
+    monkeypatch.setattr(pyc10d, name, lambda *a, **k: None)
+    with pytest.raises(RuntimeError, match="wrong results on ranks"):
+        fit.measure(job, 2)
