@@ -114,11 +114,11 @@ def test_the_environment_table_defaults_match_the_code() -> None:
     """Spot checks of defaults the code states as literals (a changed default must change the table)."""
     table = _env_table()
     expect = {
-        ("pyc10d/backends/watchdog.py", '"PYC10D_STUCK_WARN_S", "10"'): "| `PYC10D_STUCK_WARN_S` | 10 |",
-        ("pyc10d/backends/flight_recorder.py", '"PYC10D_FLIGHT_RECORDER_ENTRIES", "2000"'): "| `PYC10D_FLIGHT_RECORDER_ENTRIES` | 2000 |",
-        ("pyc10d/backends/p2p.py", '"PYC10D_P2P_MISMATCH_S", "2"'): "| `PYC10D_P2P_MISMATCH_S` | 2 |",
+        ("pyc10d/backends/watchdog.py", '"PYC10D_STUCK_WARN_S", 10.0'): "| `PYC10D_STUCK_WARN_S` | 10 |",
+        ("pyc10d/backends/flight_recorder.py", '"PYC10D_FLIGHT_RECORDER_ENTRIES", 2000'): "| `PYC10D_FLIGHT_RECORDER_ENTRIES` | 2000 |",
+        ("pyc10d/backends/p2p.py", '"PYC10D_P2P_MISMATCH_S", 2.0'): "| `PYC10D_P2P_MISMATCH_S` | 2 |",
         ("pyc10d/backends/base.py", '"PYC10D_DESYNC_CHECK", "1"'): "| `PYC10D_DESYNC_CHECK` | 1 |",
-        ("pyc10d/transport/shm_arena.py", '"PYC10D_SHM_CALLER_SPIN_US", "1000"'): "| `PYC10D_SHM_CALLER_SPIN_US` | 1000 |",
+        ("pyc10d/transport/shm_arena.py", '"PYC10D_SHM_CALLER_SPIN_US", 1000.0'): "| `PYC10D_SHM_CALLER_SPIN_US` | 1000 |",
         ("pyc10d/algorithms/segments.py", '"PYC10D_SEGMENT_BYTES", 1 << 20'): "| `PYC10D_SEGMENT_BYTES` | 1 MiB |",
         ("pyc10d/backends/shm.py", '"PYC10D_SHM_SLOT_BYTES", 1 << 20'): "| `PYC10D_SHM_SLOT_BYTES` | 1 MiB |",
         ("pyc10d/backends/shm.py", '"PYC10D_SHM_ARENA_BUDGET", 256 << 20'): "| `PYC10D_SHM_ARENA_BUDGET` | 256 MiB |",

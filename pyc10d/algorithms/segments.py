@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from ..env import env_bytes
 
 # Large enough that per-message overhead is small, small enough that a rank can forward
 # segment s while segment s+1 is still on the wire (the ring becomes a pipeline).
 # Every rank must use the same value: set PYC10D_SEGMENT_BYTES on all ranks or none.
-SEGMENT_BYTES = int(os.environ.get("PYC10D_SEGMENT_BYTES", 1 << 20))
+SEGMENT_BYTES = env_bytes("PYC10D_SEGMENT_BYTES", 1 << 20)
 
 
 def segments(block: torch.Tensor, seg_bytes: int | None = None) -> list[torch.Tensor]:

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from ..env import env_int
+
 _Tensor = torch.Tensor
 FIELDS = ("seq", "op", "numel", "dtype", "issued", "started", "ended", "state")
 #: Slots the ring has at least, so that the desync check can look back (and ahead) this far.
@@ -33,7 +35,7 @@ DESYNC_WINDOW = 1024
 
 
 def capacity() -> int:
-    return int(os.environ.get("PYC10D_FLIGHT_RECORDER_ENTRIES", "2000"))
+    return env_int("PYC10D_FLIGHT_RECORDER_ENTRIES", 2000)
 
 
 def first_tensor(outputs: Any) -> torch.Tensor | None:

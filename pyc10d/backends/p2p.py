@@ -7,7 +7,6 @@ match per (peer, tag) in FIFO order on their own channel.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from datetime import timedelta
@@ -18,6 +17,7 @@ from torch.autograd import profiler as _torch_profiler
 
 from .. import algorithms as algo
 from ..algorithms import profiling
+from ..env import env_float
 from ..errors import DistBackendError, DistError, DistTimeoutError
 from ..types import BarrierOptions
 from . import checks as ck
@@ -29,7 +29,7 @@ from .work import CompletedWork, Work
 #: Seconds a receive waits while its sender's messages sit on other tags of the group before
 #: the mismatch is reported (``PYC10D_P2P_MISMATCH_S``; 0 turns the check off). A program that
 #: really sends the awaited tag later than this after another tag is told it mismatched.
-TAG_MISMATCH_S = float(os.environ.get("PYC10D_P2P_MISMATCH_S", "2"))
+TAG_MISMATCH_S = env_float("PYC10D_P2P_MISMATCH_S", 2.0, "seconds")
 
 
 class RecvWork(Work):

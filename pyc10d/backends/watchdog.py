@@ -27,13 +27,15 @@ import time
 import weakref
 from typing import Any
 
+from ..env import env_float
+
 log = logging.getLogger("pyc10d")
 
 KEY = "pyc10d/progress"
 
 
 def warn_after() -> float:
-    return float(os.environ.get("PYC10D_STUCK_WARN_S", "10"))
+    return env_float("PYC10D_STUCK_WARN_S", 10.0, "seconds")
 
 
 def period() -> float:

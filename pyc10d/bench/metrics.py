@@ -14,7 +14,7 @@ GB/s are decimal (1e9 bytes per second), as in nccl-tests.
 
 from __future__ import annotations
 
-import re
+from pyc10d.env import parse_size  # noqa: F401 - the benchmarks' sizes, as the settings' (re-exported)
 
 DTYPE_BYTES = 4  # float32, the default
 #: The element types the collective benchmark times (``--dtype``), by bytes per element.
@@ -44,18 +44,6 @@ ALIASES = {"allreduce": "all_reduce", "all_gather": "all_gather_into_tensor",
            "alltoall": "all_to_all_single"}
 # ops whose message is split into n equal parts: the element count must divide by n
 SPLIT_OPS = {"all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"}
-
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": MIB, "MB": MIB,
-          "MIB": MIB, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """``'8'`` -> 8, ``'64M'``/``'64MiB'`` -> 67108864 (binary units)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).upper() not in _UNITS:
-        raise ValueError(f"bad size {text!r}: use e.g. 8, 4K, 64M, 1G")
-    return int(m.group(1)) * _UNITS[m.group(2).upper()]
-
 
 def format_size(nbytes: int) -> str:
     """``67108864`` -> ``'64MiB'``, ``8`` -> ``'8B'``."""

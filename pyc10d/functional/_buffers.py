@@ -16,13 +16,14 @@ lists serve them without faults). The cache holds at most ``PYC10D_FUNCOL_CACHE_
 
 from __future__ import annotations
 
-import os
 import threading
 
 import torch
 
+from ..env import env_bytes
+
 MIN_BYTES = 64 * 1024
-_CAP = int(os.environ.get("PYC10D_FUNCOL_CACHE_BYTES", 256 << 20))
+_CAP = env_bytes("PYC10D_FUNCOL_CACHE_BYTES", 256 << 20)
 _use_count = torch._C._storage_Use_Count
 
 _lock = threading.Lock()

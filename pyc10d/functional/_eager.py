@@ -28,6 +28,7 @@ import torch
 
 from .. import collectives as C
 from ..backends import Engine
+from ..env import env_bytes
 from ..transport.cpus import usable_cpus
 from ..types import AllreduceOptions, as_reduce_op
 from . import _buffers
@@ -35,8 +36,8 @@ from ._groups import pg_by_name
 
 DEFAULT_INLINE_BYTES = 16 * 1024
 #: Set (a number of bytes) or None: chosen from the host at the first collective (``_limit``).
-INLINE_BYTES: int | None = (int(os.environ["PYC10D_FUNCOL_INLINE_BYTES"])
-                            if os.environ.get("PYC10D_FUNCOL_INLINE_BYTES") else None)
+INLINE_BYTES: int | None = (env_bytes("PYC10D_FUNCOL_INLINE_BYTES", 0)
+                            if os.environ.get("PYC10D_FUNCOL_INLINE_BYTES", "").strip() else None)
 _auto_limit: int | None = None
 
 

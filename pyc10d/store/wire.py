@@ -12,9 +12,10 @@ event loop, which is handed bytes as they arrive and must never wait for the res
 
 from __future__ import annotations
 
-import os
 import struct
 from typing import BinaryIO
+
+from ..env import env_bytes
 
 HEAD, LEN = struct.Struct("!BI"), struct.Struct("!I")
 (SET, MGET, ADD, CAS, WAIT, CHECK, DELETE, NUMKEYS, MSET, APPEND, WAITGE, QPUSH, QPOP, QLEN,
@@ -43,8 +44,7 @@ class BadFrame(Exception):
 
 def max_part_bytes() -> int:
     """The longest part a frame may carry: ``PYC10D_STORE_MAX_BYTES``, else 1 GiB."""
-    env = os.environ.get("PYC10D_STORE_MAX_BYTES", "").strip()
-    return int(env) if env else _DEFAULT_MAX_BYTES
+    return env_bytes("PYC10D_STORE_MAX_BYTES", _DEFAULT_MAX_BYTES)
 
 
 def pack(code: int, parts: list[bytes]) -> bytes:

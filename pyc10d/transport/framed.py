@@ -16,10 +16,10 @@ with the reason, which is logged; the other peers carry on.
 from __future__ import annotations
 
 import logging
-import os
 import struct
 from collections.abc import Callable
 
+from ..env import env_bytes
 from ..errors import DistNetworkError
 from ..keepalive import peer_timeout, silent_error
 from .base import Mailbox, RecvHandle, Transport, abort_error, lost_error
@@ -40,8 +40,7 @@ log = logging.getLogger("pyc10d")
 
 def max_message_bytes() -> int:
     """The largest message a peer may announce: ``PYC10D_MAX_MESSAGE_BYTES``, else 64 GiB."""
-    env = os.environ.get("PYC10D_MAX_MESSAGE_BYTES", "").strip()
-    return int(env) if env else _DEFAULT_MAX_MESSAGE
+    return env_bytes("PYC10D_MAX_MESSAGE_BYTES", _DEFAULT_MAX_MESSAGE)
 
 
 class BadFrame(DistNetworkError):

@@ -47,6 +47,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..env import env_float
 from ..errors import DistBackendError, DistNetworkError, DistTimeoutError
 from . import futex
 from .cpus import usable_cpus
@@ -88,7 +89,7 @@ def default_spin(size: int) -> tuple[float, bool]:
     """
     forced = os.environ.get("PYC10D_SHM_YIELD")
     yield_ = size > usable_cpus() if forced is None else forced == "1"
-    us = float(os.environ.get("PYC10D_SHM_SPIN_US", "200" if yield_ else "50"))
+    us = env_float("PYC10D_SHM_SPIN_US", 200.0 if yield_ else 50.0, "microseconds")
     return us * 1e-6, yield_
 
 
@@ -111,7 +112,7 @@ def caller_spin(size: int) -> float:
     spin, yield_ = default_spin(size)
     if yield_:
         return spin
-    return float(os.environ.get("PYC10D_SHM_CALLER_SPIN_US", "1000")) * 1e-6
+    return env_float("PYC10D_SHM_CALLER_SPIN_US", 1000.0, "microseconds") * 1e-6
 
 
 class Arena:

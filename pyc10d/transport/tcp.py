@@ -25,6 +25,7 @@ import time
 from datetime import timedelta
 
 from .. import auth, keepalive, tls
+from ..env import env_bytes
 from ..errors import DistNetworkError, DistTimeoutError, with_message
 from ..hostport import format_hostport
 from ..store.base import Store, store_chain
@@ -88,9 +89,9 @@ def sockbuf_bytes(local: bool, ranks_on_host: int) -> int:
     ``_OVERSUBSCRIBED_SOCKBUF`` when that host runs more ranks than it has CPUs; everything
     else (a core per rank, or a real network with its bandwidth-delay product) autotunes.
     """
-    env = os.environ.get("PYC10D_TCP_SOCKBUF")
-    if env is not None and env.strip():
-        return max(int(env), 0)
+    fixed = env_bytes("PYC10D_TCP_SOCKBUF", -1)
+    if fixed >= 0:
+        return fixed
     if local and ranks_on_host > usable_cpus():
         return _OVERSUBSCRIBED_SOCKBUF
     return 0

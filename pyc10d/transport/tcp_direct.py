@@ -25,13 +25,13 @@ it waits (two ranks sending to each other at once must not both stop reading).
 
 from __future__ import annotations
 
-import os
 import select
 import socket
 import threading
 import time
 from typing import TYPE_CHECKING
 
+from ..env import env_float
 from ..errors import DistTimeoutError
 from .base import RecvHandle
 from .framed import KIND_DATA, BadFrame, check_header, max_message_bytes
@@ -67,9 +67,9 @@ def spin_seconds(ranks_on_host: int, cpus: int) -> float:
     """How long a waiting caller looks at its socket before sleeping: ``PYC10D_TCP_SPIN_US``,
     default 1 ms with a CPU per rank on this host, else none (a spinning rank would hold the
     CPU that the rank it waits for needs)."""
-    env = os.environ.get("PYC10D_TCP_SPIN_US", "").strip()
-    if env:
-        return max(float(env), 0.0) * 1e-6
+    us = env_float("PYC10D_TCP_SPIN_US", float("nan"), "microseconds")
+    if us == us:  # set (not NaN)
+        return max(us, 0.0) * 1e-6
     return 1e-3 if ranks_on_host <= cpus else 0.0
 
 
@@ -273,8 +273,10 @@ class DirectIO:
         (docs/performance.md, "The tcp lane")."""
         box = self.t.mailbox
         st = self._streams.get(peer)
-        if (st is None or len(buf) > SCATTER_MAX or self.expected or box.waiting_unexpected or box.aborted
-                or peer in box.dead or peer in self.fallback or not self._own(peer)):
+        # (``waiting_unexpected`` after ``_own``: the receiver thread may finish reading the
+        # peer's frame into the mailbox while ``_own`` waits for it to give the socket up)
+        if (st is None or len(buf) > SCATTER_MAX or self.expected or box.aborted or peer in box.dead
+                or peer in self.fallback or not self._own(peer) or box.waiting_unexpected):
             h = self.irecv(peer, channel, buf)
             self.send(peer, channel, data, meta)
             return h

@@ -235,3 +235,33 @@ def test_a_two_rank_all_reduce_is_one_exchange() -> None:
         assert "DistBackendError" in r["error"] and f"rank {other}" in r["error"], r["error"]
     assert res[0]["answered"] <= res[0]["calls"] - 4, res  # rank 0 waited past the spin
     assert res[1]["answered"] > 0, res
+
+
+def _frame_read_while_taking(rank: int, ws: int) -> list[float]:
+    """Rank 1's receiver thread reads rank 0's frame into the mailbox while rank 1's call is
+    taking the socket (forced here: ``_own`` sleeps past the receiver's grace first). The
+    exchange must look in the mailbox after it owns the socket, not only before: it hung
+    waiting on the socket for a frame already read (seen once in a benchmark run)."""
+    from pyc10d.transport.tcp_direct import DirectIO
+
+    if rank == 1:
+        own = DirectIO._own
+
+        def slow_own(self, peer):  # noqa: ANN001, ANN202
+            if peer not in self.owned:
+                time.sleep(0.1)  # the receiver thread's grace (5 ms) is over: it reads rank 0's frame
+            return own(self, peer)
+
+        DirectIO._own = slow_own
+    out = []
+    for i in range(5):
+        t = torch.full((2,), float(i + rank))
+        dist.all_reduce(t)
+        out.append(t[0].item())
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_frame_read_by_the_receiver_while_taking_the_socket_is_found() -> None:
+    res = run_ranks("tcp", 2, _frame_read_while_taking, timeout=40, pg_timeout=10)
+    assert res == [[float(2 * i + 1) for i in range(5)]] * 2
