@@ -45,8 +45,8 @@ class TCPBackend(Backend):
     def _lane_step(self, key: tuple, x: torch.Tensor | None, y: torch.Tensor | None, red: Any,
                    root: int) -> Step | bool:
         """The step of each key the general path runs without staging or widening: the general
-        path's own exchange (``_allreduce_dense``, ``_gather_into``, ...) over a ``Comm`` whose
-        transport is this thread's ``DirectIO``. False for the rest (and all_to_all)."""
+        path's own exchange (``_allreduce_dense``, ``_gather_into``, ``_alltoall_blocks``, ...)
+        over a ``Comm`` whose transport is this thread's ``DirectIO``. False for the rest."""
         transport = self.transport
         if self._size == 1 or not isinstance(transport, TCPTransport):
             return False
@@ -84,6 +84,14 @@ class TCPBackend(Backend):
         elif kind == "reduce_scatter":
             def run(comm: Comm, x: Any, y: Any) -> None:
                 self._rs_one(comm, x, y, red)
+        elif kind == "alltoall":  # split evenly by dim 0, as the general path splits it
+            n = self._size
+            assert y is not None
+            if not (x.dim() and y.dim() and x.shape[0] % n == 0 and y.shape[0] % n == 0 and x.numel() == y.numel()):
+                return False
+
+            def run(comm: Comm, x: Any, y: Any) -> None:
+                self._alltoall_blocks(comm, list(y.split(y.shape[0] // n)), list(x.split(x.shape[0] // n)))
         else:
             def run(comm: Comm, x: Any, y: Any) -> None:
                 self._barrier(comm)
@@ -138,4 +146,4 @@ class TCPBackend(Backend):
 
 #: The general path's operation name of each lane key (its messages' fingerprint).
 _OPNAMES = {"allreduce": "allreduce", "broadcast": "broadcast", "allgather": "allgather_into_tensor",
-            "reduce_scatter": "reduce_scatter_tensor", "barrier": "barrier"}
+            "reduce_scatter": "reduce_scatter_tensor", "alltoall": "alltoall_base", "barrier": "barrier"}

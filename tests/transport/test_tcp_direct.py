@@ -94,16 +94,22 @@ def _one_rank_on_the_general_path(rank: int, ws: int) -> list:
         rs = torch.empty(n)
         dist.reduce_scatter_tensor(rs, torch.ones(ws * n))
         results.append(bool(torch.all(rs == ws)))
+        a2a = torch.empty(ws * n)  # block p of rank r's input: 100 r + p; of its output: 100 p + r
+        dist.all_to_all_single(a2a, (torch.arange(ws) + 100.0 * rank).repeat_interleave(n))
+        results.append(bool(torch.equal(a2a, (100.0 * torch.arange(ws) + rank).repeat_interleave(n))))
     dist.barrier()
-    return [results, engine._direct is not None]
+    steps = {key[0] for key, step in (engine._steps or {}).items() if step is not False}
+    return [results, engine._direct is not None, steps]
 
 
 @pytest.mark.timeout(60)
 def test_ranks_on_the_lane_and_on_the_general_path_exchange_correctly() -> None:
     res = run_ranks("tcp", 3, _one_rank_on_the_general_path, timeout=45)
-    for r, (checks, laned) in enumerate(res):
+    for r, (checks, laned, steps) in enumerate(res):
         assert all(checks), (r, checks)
         assert laned == (r != 1), res
+        if r != 1:  # every collective of the loop ran on the lane there
+            assert {"allreduce", "allgather", "broadcast", "reduce_scatter", "alltoall"} <= steps, steps
 
 
 def _abort_while_waiting(rank: int, ws: int) -> float:
