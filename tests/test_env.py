@@ -39,7 +39,7 @@ def test_a_bad_value_is_named(fn, raw: str, says: str, monkeypatch: pytest.Monke
 def test_the_settings_read_through_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from pyc10d.backends import shm
     from pyc10d.transport.shm_arena import caller_spin
-    from pyc10d.transport.tcp_direct import spin_seconds
+    from pyc10d.transport.tcp_direct import spin_seconds, spin_yields
 
     monkeypatch.setattr(shm, "SLOT_BYTES", None)
     monkeypatch.setenv("PYC10D_SHM_SLOT_BYTES", "256K")
@@ -54,7 +54,8 @@ def test_the_settings_read_through_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYC10D_TCP_SPIN_US", "250")
     assert spin_seconds(2, 2) == pytest.approx(250e-6)
     monkeypatch.delenv("PYC10D_TCP_SPIN_US")
-    assert spin_seconds(2, 2) == 1e-3 and spin_seconds(4, 2) == 0.0
+    assert spin_seconds(2, 2) == 1e-3 and spin_seconds(4, 2) == pytest.approx(200e-6)
+    assert not spin_yields(2, 2) and spin_yields(4, 2)  # more ranks than CPUs: give the CPU away
     monkeypatch.setenv("PYC10D_SHM_CALLER_SPIN_US", "1 ms")
     with pytest.raises(ValueError, match="PYC10D_SHM_CALLER_SPIN_US='1 ms': expected a number of microseconds"):
         caller_spin(1)

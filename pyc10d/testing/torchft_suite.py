@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import torch
 from parameterized import parameterized
 from torchft import manager_integ_test as _mit
 from torchft import process_group_test as _pgt
@@ -118,7 +119,14 @@ def manager_case(group: str) -> type[unittest.TestCase]:
                 built.append(cls(*args, **kwargs))
                 return built[-1]
 
-            for name, value in (("ProcessGroupGloo", make), ("Manager", _any_port_manager)):
+            inits = self._inits = []
+
+            class Recorded(_mit.MyModel):  # the model, its initial weights noted (see below)
+                def __init__(self, *args: Any, **kwargs: Any) -> None:
+                    super().__init__(*args, **kwargs)
+                    inits.append(torch.cat([p.detach().flatten() for p in self.parameters()]))
+
+            for name, value in (("ProcessGroupGloo", make), ("Manager", _any_port_manager), ("MyModel", Recorded)):
                 patcher = mock.patch.object(_mit, name, value)
                 patcher.start()
                 self.addCleanup(patcher.stop)
@@ -144,6 +152,23 @@ def manager_case(group: str) -> type[unittest.TestCase]:
                 if "not less than" not in str(first):
                     raise
                 super().test_quorum_timeout()
+
+        def test_ddp_skip_init_sync(self) -> None:
+            """torchft's test, run once more if its replicas did not start from the same
+            weights: its replicas are threads of one process drawing on torch's one global
+            generator, and its lock covers each replica's seed and model but not the other
+            replica's ``torch.rand`` in its first step, which can land between them (failed 2
+            of ~12 fresh-clone runs, under load; forcing that overlap reproduces the failure
+            exactly). The initial weights are compared before any collective has run, so a
+            pyc10d fault cannot pass for it: a regression fails both runs."""
+            try:
+                super().test_ddp_skip_init_sync()
+            except AssertionError:
+                first = self._inits[:2]
+                if len(first) < 2 or torch.equal(first[0], first[1]):
+                    raise
+                self._inits.clear()
+                super().test_ddp_skip_init_sync()
 
     Case.__name__ = Case.__qualname__ = f"ManagerIntegTest_{group}"
     return Case

@@ -34,7 +34,7 @@ from .base import Mailbox, RecvHandle
 from .cpus import usable_cpus
 from .framed import KIND_DATA, KIND_PING, STRIPES_SHIFT, BadFrame, FramedTransport
 from .netif import advertised_addresses
-from .tcp_direct import OVERSUBSCRIBED_DIRECT_MAX, DirectIO, Owner, spin_seconds
+from .tcp_direct import OVERSUBSCRIBED_DIRECT_MAX, DirectIO, Owner, spin_seconds, spin_yields
 from .tcp_lanes import STRIPE_MIN_BYTES, Lanes, recv_stripes, send_stripes
 from .tcp_listener import ACCEPTED, HELLO, USE_OTHER, Listener
 
@@ -424,7 +424,8 @@ class TCPTransport(FramedTransport):
         if not self._direct_ok or self.size == 1:
             return None
         ranks, cpus = self._ranks_on_host(), usable_cpus()
-        return DirectIO(self, spin_seconds(ranks, cpus), None if ranks <= cpus else OVERSUBSCRIBED_DIRECT_MAX)
+        return DirectIO(self, spin_seconds(ranks, cpus), None if ranks <= cpus else OVERSUBSCRIBED_DIRECT_MAX,
+                        spin_yields(ranks, cpus))
 
     def probe(self, peer: int) -> None:
         self._probe(peer, 0.0)
