@@ -88,7 +88,7 @@ class ShmBackend(Backend):
         transport = ShmTransport(store, rank, size, timeout)
         # Each rank of the host on CPUs of its own (``cpus.place``; ``PYC10D_BIND=none`` not):
         # left to the kernel, some jobs ran large collectives at half speed throughout.
-        mine = cpus.place(rank, size)
+        mine = cpus.place(rank, size, transport.pids)
         if mine is not None and torch.get_num_threads() > len(mine):
             torch.set_num_threads(len(mine))  # (torch sized its pool for the whole machine)
         return cls(transport, list(range(size)), rank, group_name, Options(timeout), owns_transport=True)

@@ -22,7 +22,7 @@ _placed: list[int] | None = None
 _tried = False
 
 
-def place(local_rank: int, local_size: int) -> list[int] | None:
+def place(local_rank: int, local_size: int, pids: list[int] | None = None) -> list[int] | None:
     """Pin every thread of this process to its own share of the CPUs: ``local_rank``'s block of
     ``len(cpus) // local_size`` CPUs of the affinity set, the first time a host's ranks connect.
 
@@ -34,11 +34,17 @@ def place(local_rank: int, local_size: int) -> list[int] | None:
     confined to fewer CPUs than ranks (``mpirun`` binds two ranks to a core each,
     ``pyc10d.run --bind-to core``) is left as it is. New threads inherit the mask of the
     thread that starts them; the ones already running are pinned here one by one.
+
+    ``pids``: the process of each of those ranks. A process that runs several of them (ranks
+    as threads, as torchft's Manager tests run replicas) is never placed: pinning it to the
+    first rank's share would put all its ranks on it (seen: two replicas on one of two CPUs).
     """
     global _placed, _tried
     if _tried:
         return _placed
     _tried = True
+    if pids is not None and pids.count(os.getpid()) > 1:
+        return None
     if os.environ.get(BIND_ENV, "auto").strip().lower() in ("none", "0", "off", "false"):
         return None
     try:

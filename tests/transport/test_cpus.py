@@ -96,3 +96,35 @@ def test_an_shm_world_places_its_ranks_apart() -> None:
     off = _in_child(lambda: (_two_cpus(), run_ranks("shm", 2, _affinity_after_init, timeout=20))[1],
                     {cpus.BIND_ENV: "none"})
     assert all(len(m) == 2 for m in off), off
+
+
+def _two_ranks_in_one_process() -> tuple[list[int], list[int], Any]:
+    """Two ranks of one shm group as threads of this process (as torchft's Manager tests run
+    replicas): pinning the process to the first rank's share would put both ranks on it."""
+    from datetime import timedelta
+
+    from pyc10d import HashStore
+    from pyc10d.backends.shm import ShmBackend
+
+    both = _two_cpus()
+    store, engines = HashStore(), [None, None]
+
+    def make(rank: int) -> None:
+        engines[rank] = ShmBackend.create(store, rank, 2, timedelta(seconds=20), "two-in-one")
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    mask = sorted(os.sched_getaffinity(0))
+    pids = engines[0].transport.pids
+    for e in engines:
+        e.shutdown()
+    return both, mask, pids
+
+
+def test_a_process_running_two_ranks_is_not_placed() -> None:
+    both, mask, pids = _in_child(_two_ranks_in_one_process)
+    assert pids[0] == pids[1], pids  # the case itself: one process, two ranks
+    assert mask == both, "a process running two ranks was pinned to one rank's CPUs"
