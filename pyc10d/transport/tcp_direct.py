@@ -290,43 +290,21 @@ class DirectIO:
         st = self._streams.get(peer)
         # (``waiting_unexpected`` after ``_own``: the receiver thread may finish reading the
         # peer's frame into the mailbox while ``_own`` waits for it to give the socket up)
-        if (st is None or len(buf) > SCATTER_MAX or self.expected or box.aborted or peer in box.dead
-                or peer in self.fallback or not self._own(peer) or box.waiting_unexpected):
+        clean = (st is not None and len(buf) <= SCATTER_MAX and not self.expected and not box.aborted
+                 and peer not in box.dead and peer not in self.fallback and self._own(peer)
+                 and not box.waiting_unexpected)
+        if clean:
+            st = self._streams[peer]  # (``_own`` makes a new one for a new socket)
+            clean = not (st.pending or st.got or st.frame is not None or st.ended)  # (not mid-frame)
+        if not clean:
             h = self.irecv(peer, channel, buf)
             self.send(peer, channel, data, meta)
             return h
-        st = self._streams[peer]  # (``_own`` makes a new one for a new socket)
-        if st.pending or st.got or st.frame is not None or st.ended:
-            h = self.irecv(peer, channel, buf)  # (mid-frame: the separate calls' way)
-            self.send(peer, channel, data, meta)
-            return h
         h = DirectHandle(self, peer, channel, buf)
-        queue = self.expected[peer] = [h]
+        self.expected[peer] = [h]
         self.send(peer, channel, data, meta)
-        if queue and queue[0] is h and not (st.pending or st.got or st.frame is not None or st.ended):
-            # (a send that had to wait read what came meanwhile: then ``wait`` goes on from there)
-            read, parts, spin_end = st.sock.recvmsg_into, (st.hview, buf), _monotonic() + self.spin_s
-            whole = len(st.hview) + len(buf)
-            while True:
-                try:
-                    k = read(parts, 0, _DONTWAIT)[0]
-                except BlockingIOError:
-                    if _monotonic() < spin_end:
-                        if self.yield_:
-                            _yield()
-                        continue
-                    break
-                except OSError as e:
-                    self._ended(st, e)
-                    break
-                if k == whole:  # the expected frame, whole (else ``_scattered`` sorts it out)
-                    ch, nbytes, m, kind = self._unpack(st.header)
-                    if kind == KIND_DATA and ch == channel and nbytes == len(buf):
-                        del queue[0]
-                        h.nbytes, h.meta = nbytes, m
-                        break
-                self._scattered(st, queue, k)
-                break
+        # (a send that had to wait read what came meanwhile: ``_spin_one`` then leaves it to ``wait``)
+        self._spin_one(st, h, _monotonic() + self.spin_s)
         return h
 
     def _adopt(self, st: _Stream, exp: DirectHandle) -> None:
