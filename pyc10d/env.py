@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
+from typing import Any
 
 MIB = 1 << 20
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": MIB, "MB": MIB,
@@ -27,38 +29,26 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2).upper()]
 
 
-def _raw(name: str) -> str:
-    return os.environ.get(name, "").strip()
+def _read(name: str, default: Any, convert: Callable[[str], Any], wants: str) -> Any:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return convert(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected {wants}") from None
 
 
 def env_bytes(name: str, default: int) -> int:
     """``name`` as a byte count (``1048576``, ``256K``, ``1M``), ``default`` when unset or empty."""
-    raw = _raw(name)
-    if not raw:
-        return default
-    try:
-        return parse_size(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected a byte count such as 1048576, 256K or 1M") from None
+    return _read(name, default, parse_size, "a byte count such as 1048576, 256K or 1M")
 
 
 def env_int(name: str, default: int) -> int:
     """``name`` as a whole number, ``default`` when unset or empty."""
-    raw = _raw(name)
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected a whole number") from None
+    return _read(name, default, int, "a whole number")
 
 
 def env_float(name: str, default: float, unit: str = "") -> float:
     """``name`` as a number (of ``unit``, for the error), ``default`` when unset or empty."""
-    raw = _raw(name)
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected a number{' of ' + unit if unit else ''}") from None
+    return _read(name, default, float, "a number" + (f" of {unit}" if unit else ""))
