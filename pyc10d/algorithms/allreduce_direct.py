@@ -53,7 +53,7 @@ def allreduce_direct_step(comm: Comm, op: ReduceOp, dtype: torch.dtype, numel: i
     cache: list = [-1, None]  # the last input's address and its byte view (which keeps it alive)
     # Two ranks: one exchange, in one call where the transport has it (``DirectIO.exchange``).
     exchange = getattr(comm.transport, "exchange", None) if n == 2 else None
-    peer = 1 - r
+    peer = 1 - r if n == 2 else r
     word = dtype_code(dtype) | (comm.fingerprint << 8)
     nbytes = len(views[peer])
 
