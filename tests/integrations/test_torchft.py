@@ -22,10 +22,13 @@ ManagerIntegTestPyc10d = manager_case("pyc10d")
 
 
 def test_skip_init_sync_reruns_only_a_run_whose_replicas_started_apart() -> None:
-    """The harness's one rerun of ``test_ddp_skip_init_sync``: forced here, the overlap of
-    one replica's first ``torch.rand`` with the other's seeded init (the test's own race)
-    makes the first run fail and the rerun pass; with none, the test runs once."""
+    """The harness's rerun of ``test_ddp_skip_init_sync``: forced here, the overlap of one
+    replica's first ``torch.rand`` with the other's seeded init (the test's own race) makes
+    the first run fail and a rerun pass; with none, the test runs once. (Outside the forced
+    run both replicas finish their init before either draws again: the race cannot recur by
+    chance and make this test flaky.)"""
     import io
+    import threading
     import time
     import unittest
     from unittest import mock
@@ -34,10 +37,25 @@ def test_skip_init_sync_reruns_only_a_run_whose_replicas_started_apart() -> None
     from torchft import manager_integ_test as mit
 
     built = [0]
-    original = mit.MyModel
+    original, lock = mit.MyModel, threading.Lock()
 
-    def suite_with(race: bool) -> unittest.TestResult:
-        built[0] = 0
+    class BothInitsFirst:
+        """``INIT_LOCK``, whose exit waits until both replicas have built their model."""
+
+        def __init__(self) -> None:
+            self.done = threading.Barrier(2, timeout=20)
+
+        def __enter__(self) -> None:
+            lock.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            lock.release()
+            if built[0] > 2 or not race:  # not the forced run
+                self.done.wait()
+
+    def suite_with(forced: bool) -> tuple[unittest.TestResult, int]:
+        nonlocal race
+        built[0], race = 0, forced
 
         class Raced(original):  # type: ignore[misc, valid-type]
             def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
@@ -47,11 +65,12 @@ def test_skip_init_sync_reruns_only_a_run_whose_replicas_started_apart() -> None
                     time.sleep(0.2)  # ... while the other replica's first step draws too
                 super().__init__(*args, **kwargs)
 
-        with mock.patch.object(mit, "MyModel", Raced):
+        with mock.patch.object(mit, "MyModel", Raced), mock.patch.object(mit, "INIT_LOCK", BothInitsFirst()):
             case = manager_case("pyc10d")("test_ddp_skip_init_sync")
-            return unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(case)
+            return unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(case), built[0]
 
-    result = suite_with(race=True)
-    assert result.wasSuccessful() and built[0] == 4, (built, result.failures)
-    result = suite_with(race=False)
-    assert result.wasSuccessful() and built[0] == 2, (built, result.failures)
+    race = False
+    result, n = suite_with(forced=True)
+    assert result.wasSuccessful() and n == 4, (n, result.failures)
+    result, n = suite_with(forced=False)
+    assert result.wasSuccessful() and n == 2, (n, result.failures)
