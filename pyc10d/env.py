@@ -14,9 +14,11 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 MIB = 1 << 20
+#: A default of another type than the setting's: ``None`` for "unset" where that means more.
+D = TypeVar("D")
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": MIB, "MB": MIB,
           "MIB": MIB, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 
@@ -39,7 +41,7 @@ def _read(name: str, default: Any, convert: Callable[[str], Any], wants: str) ->
         raise ValueError(f"{name}={raw!r}: expected {wants}") from None
 
 
-def env_bytes(name: str, default: int) -> int:
+def env_bytes(name: str, default: D) -> int | D:
     """``name`` as a byte count (``1048576``, ``256K``, ``1M``), ``default`` when unset or empty."""
     return _read(name, default, parse_size, "a byte count such as 1048576, 256K or 1M")
 
@@ -49,6 +51,6 @@ def env_int(name: str, default: int) -> int:
     return _read(name, default, int, "a whole number")
 
 
-def env_float(name: str, default: float, unit: str = "") -> float:
+def env_float(name: str, default: D, unit: str = "") -> float | D:
     """``name`` as a number (of ``unit``, for the error), ``default`` when unset or empty."""
     return _read(name, default, float, "a number" + (f" of {unit}" if unit else ""))

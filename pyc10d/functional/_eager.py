@@ -36,8 +36,7 @@ from ._groups import pg_by_name
 
 DEFAULT_INLINE_BYTES = 16 * 1024
 #: Set (a number of bytes) or None: chosen from the host at the first collective (``_limit``).
-INLINE_BYTES: int | None = (env_bytes("PYC10D_FUNCOL_INLINE_BYTES", 0)
-                            if os.environ.get("PYC10D_FUNCOL_INLINE_BYTES", "").strip() else None)
+INLINE_BYTES: int | None = env_bytes("PYC10D_FUNCOL_INLINE_BYTES", None)
 _auto_limit: int | None = None
 
 

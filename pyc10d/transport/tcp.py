@@ -34,9 +34,10 @@ from .base import Mailbox, RecvHandle
 from .cpus import usable_cpus
 from .framed import KIND_DATA, KIND_PING, STRIPES_SHIFT, BadFrame, FramedTransport
 from .netif import advertised_addresses
-from .tcp_direct import OVERSUBSCRIBED_DIRECT_MAX, DirectIO, Owner, spin_seconds, spin_yields
+from .tcp_direct import OVERSUBSCRIBED_DIRECT_MAX, DirectIO
 from .tcp_lanes import STRIPE_MIN_BYTES, Lanes, recv_stripes, send_stripes
 from .tcp_listener import ACCEPTED, HELLO, USE_OTHER, Listener
+from .tcp_owner import Owner, spin_seconds, spin_yields
 
 _HEADER = struct.Struct("<QQII")
 _SMALL = 64 * 1024
@@ -89,8 +90,8 @@ def sockbuf_bytes(local: bool, ranks_on_host: int) -> int:
     ``_OVERSUBSCRIBED_SOCKBUF`` when that host runs more ranks than it has CPUs; everything
     else (a core per rank, or a real network with its bandwidth-delay product) autotunes.
     """
-    fixed = env_bytes("PYC10D_TCP_SOCKBUF", -1)
-    if fixed >= 0:
+    fixed = env_bytes("PYC10D_TCP_SOCKBUF", None)
+    if fixed is not None:
         return fixed
     if local and ranks_on_host > usable_cpus():
         return _OVERSUBSCRIBED_SOCKBUF
