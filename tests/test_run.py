@@ -284,6 +284,11 @@ FORKED = """
     atexit.register(lambda: open(os.path.join(out, "atexit_" + rank), "w").write(
         str(os.path.exists(os.path.join(out, "thread_" + rank)))))
     print("rank " + rank + " says hello", flush=False)  # one string: one write, whole (ranks share the pipe)
+    if rank == "1":  # its failure stops the others (SIGTERM): first let rank 0 finish its own exit
+        t0 = time.monotonic()
+        done = os.path.join(out, "atexit_0")
+        while not (os.path.exists(done) and os.path.getsize(done)) and time.monotonic() - t0 < 20:
+            time.sleep(0.01)  # (written and closed, not only created)
     sys.exit(int(sys.argv[2]) if rank == "1" else 0)
 """
 
