@@ -29,6 +29,9 @@
 #   make test-worlds  the conformance families (tests/test_conformance.py) at every world size
 #               1-33 on threaded and tcp, and the logarithmic algorithms at 1-33 (make test:
 #               5 and 9 ranks); hours on 2 cores (WORLDS_TIMEOUT: seconds per launch)
+#   make exit-trials  programs that end right after their last collective (8 ranks as threads;
+#               2 ranks on shm, tcp and the plugin, forked and exec-started), EXIT_TRIALS (50)
+#               runs each: every one must exit 0 (make test runs each once, forked)
 #   make lint   ruff
 
 PYTHON ?= python3
@@ -43,7 +46,8 @@ PROPERTY_EXAMPLES ?= 3000
 # A launch of 33 processes on 2 cores runs for minutes: the per-test limit of test-worlds.
 WORLDS_TIMEOUT ?= 1800
 
-.PHONY: venv demo test test-launchers test-worlds fuzz chaos bench torch-suite test-torchft chaos-torchft lint clean
+.PHONY: venv demo test test-launchers test-worlds fuzz chaos bench torch-suite test-torchft chaos-torchft lint clean \
+	exit-trials
 
 venv: $(STAMP)
 
@@ -114,6 +118,12 @@ test-torchft: $(STAMP)
 chaos-torchft: $(STAMP)
 	$(PY) tests/chaos_torchft.py --failures 200
 	$(PY) -m pyc10d.bench.torchft_recovery --trials 5
+
+EXIT_TRIALS ?= 50
+exit-trials: $(STAMP)
+	PYC10D_EXIT_TRIALS=$(EXIT_TRIALS) $(PY) -m pytest -p no:cacheprovider tests/test_threads.py
+	PYC10D_EXIT_TRIALS=$(EXIT_TRIALS) PYC10D_EXIT_START=exec $(PY) -m pytest -p no:cacheprovider \
+		tests/test_threads.py -k launched
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

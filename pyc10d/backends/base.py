@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch.autograd import profiler as _torch_profiler
 
+from .. import threads
 from ..algorithms import profiling
 from ..algorithms.comm import Comm, describe_fingerprint, fingerprint, fingerprint_collective
 from ..errors import (
@@ -279,10 +280,7 @@ class Engine:
             self._jobs.append(job)
         self._queue.put(True)
         if self._worker is None:
-            self._worker = threading.Thread(
-                target=self._progress, daemon=True, name=f"pyc10d-progress-{self.group_name}"
-            )
-            self._worker.start()
+            self._worker = threads.start(self._progress, f"pyc10d-progress-{self.group_name}")
 
     def _done_locally(self, opname: str, outputs: Any) -> Work | None:
         """World size 1, an operation with nothing to move or compute (the caller knows):

@@ -21,14 +21,21 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import itertools
 import logging
 import os
 import threading
 import weakref
 from typing import Any
 
+from .. import threads
+
 #: Every group object of this process (and what else a forked child must not destroy).
 _GROUPS: weakref.WeakSet[object] = weakref.WeakSet()
+#: The finalizers of this process's groups still alive, which the exit runs (``_at_exit``),
+#: each with its group's number in order of making.
+_finalizers: dict[weakref.finalize, int] = {}
+_made = itertools.count()
 _fork_lock = threading.Lock()
 _forks_in_progress = 0
 _gc_was_enabled = False
@@ -42,11 +49,32 @@ def release_on_drop(owner: object, engine: Any) -> None:
     reference (torchft's wrapper sets ``self._pg = None`` after a failure) would otherwise
     keep its threads, sockets and arena, and its peers would wait out their timeout. The
     finalizer does what ``destroy_process_group`` does: ``shutdown``, which closes what the
-    engine owns, so the peers raise "Connection closed by peer" at once. Not at interpreter
-    exit (``atexit``): a process that ends closes everything anyway.
+    engine owns, so the peers raise "Connection closed by peer" at once.
+
+    At the interpreter's exit every group still alive shuts down the same way, as a Gloo
+    group's destructor does (``_at_exit``, run by ``threads`` before it joins pyc10d's
+    threads): its progress and receiver threads must not be inside torch when the interpreter
+    finalizes (see ``pyc10d.threads``).
     """
-    weakref.finalize(owner, _release, engine, os.getpid()).atexit = False
+    f = weakref.finalize(owner, _release, engine, os.getpid())
+    f.atexit = False  # ``_at_exit`` runs it, before the threads are joined
+    with _fork_lock:
+        if not _finalizers:
+            threads.at_exit(_at_exit)  # once per process (a forked child's set starts empty)
+        for dead in [g for g in _finalizers if not g.alive]:
+            del _finalizers[dead]
+        _finalizers[f] = next(_made)
     _GROUPS.add(owner)
+
+
+def _at_exit() -> None:
+    """Shut down every group of this process still alive, the newest first (subgroups
+    before the default group, as ``destroy_process_group`` orders them)."""
+    with _fork_lock:
+        alive = sorted((n, f) for f, n in _finalizers.items() if f.alive)
+        _finalizers.clear()
+    for _, f in reversed(alive):
+        f()
 
 
 def keep_in_forked_children(obj: object) -> None:
@@ -78,10 +106,11 @@ def _in_child() -> None:
     # One reference each that the child never gives back: neither its collector nor its
     # interpreter's teardown can destroy them (a list would be emptied at teardown). The
     # pages stay shared with the parent; collecting them would only have copied them.
-    global _fork_lock, _forks_in_progress
+    global _fork_lock, _forks_in_progress, _finalizers
     for obj in list(_GROUPS):
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
     _fork_lock, _forks_in_progress = threading.Lock(), 0  # (another thread may have held it)
+    _finalizers = {}  # the parent's groups are not the child's to shut down at its exit
     if _gc_was_enabled:
         gc.enable()
 
@@ -98,10 +127,12 @@ def _release(engine: Any, pid: int) -> None:
         return
     # A pyc10d thread (progress, receiver) may drop the last reference (a Work's callback,
     # or a cycle collected mid-operation): ``shutdown`` joins those threads, so it runs on
-    # a thread of its own there.
-    if threading.current_thread().name.startswith("pyc10d-"):
-        threading.Thread(target=_shutdown_quietly, args=(engine,), daemon=True,
-                         name="pyc10d-release").start()
+    # a thread of its own there. So does it from any daemon thread: the interpreter's exit
+    # waits for pyc10d's threads (``pyc10d.threads``), not for a daemon thread of the user's,
+    # which it would stop wherever it is.
+    me = threading.current_thread()
+    if me.daemon or me.name.startswith("pyc10d-"):
+        threads.start(_shutdown_quietly, "pyc10d-release", (engine,))
     else:
         _shutdown_quietly(engine)
 

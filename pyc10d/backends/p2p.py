@@ -16,6 +16,7 @@ import torch
 from torch.autograd import profiler as _torch_profiler
 
 from .. import algorithms as algo
+from .. import threads
 from ..algorithms import profiling
 from ..env import env_float
 from ..errors import DistBackendError, DistError, DistTimeoutError
@@ -111,7 +112,7 @@ class RecvWork(Work):
     def get_future(self) -> torch.futures.Future:
         fut = super().get_future()
         if not self._finished:
-            threading.Thread(target=self._resolve_quietly, daemon=True).start()
+            threads.start(self._resolve_quietly, f"pyc10d-recv-future-{self._engine.group_name}")
         return fut
 
     def _resolve_quietly(self) -> None:

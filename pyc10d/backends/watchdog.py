@@ -27,6 +27,7 @@ import time
 import weakref
 from typing import Any
 
+from .. import threads
 from ..env import env_float
 
 log = logging.getLogger("pyc10d")
@@ -56,8 +57,8 @@ class Watchdog:
         with self._lock:
             self._engines.add(engine)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, daemon=True, name="pyc10d-watchdog")
-                self._thread.start()
+                # The store and the engines' counters, never torch: the exit need not wait for it.
+                self._thread = threads.start(self._run, "pyc10d-watchdog", join_at_exit=False)
 
     def unregister(self, engine: Any) -> None:
         with self._lock:

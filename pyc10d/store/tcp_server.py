@@ -33,7 +33,7 @@ import time
 from collections import deque
 from typing import Any
 
-from .. import auth, keepalive, tls
+from .. import auth, keepalive, threads, tls
 from ..errors import DistNetworkError
 from ..hostport import format_hostport
 from . import wire
@@ -111,9 +111,8 @@ class Server:
         listener.setblocking(False)
         self._sel.register(listener, selectors.EVENT_READ, None)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
-        self._thread = threading.Thread(target=self._loop, name=f"TCPStore-{self.port}",
-                                         daemon=True)
-        self._thread.start()
+        # Parked in ``select`` between requests and never in torch: the exit need not wait for it.
+        self._thread = threads.start(self._loop, f"pyc10d-TCPStore-{self.port}", join_at_exit=False)
 
     # -- the loop -------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -557,8 +556,7 @@ def acquire_server(port: int, multi_tenant: bool, listen_fd: int | None) -> Serv
     global _REAPER
     with _SERVERS_LOCK:
         if _REAPER is None:
-            _REAPER = threading.Thread(target=_reap, name="TCPStore-reaper", daemon=True)
-            _REAPER.start()
+            _REAPER = threads.start(_reap, "pyc10d-TCPStore-reaper", join_at_exit=False)
         if multi_tenant and port in _SERVERS:
             srv = _SERVERS[port]
             srv.refs += 1

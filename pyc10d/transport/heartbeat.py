@@ -28,6 +28,8 @@ import threading
 import weakref
 from typing import Any
 
+from .. import threads
+
 _TCP_INFO = struct.Struct("8B13I")  # struct tcp_info up to tcpi_last_ack_recv
 _LAST_DATA_SENT, _LAST_DATA_RECV = 8 + 9, 8 + 11
 _OUTQ = struct.Struct("i")
@@ -58,8 +60,8 @@ class Heartbeat:
         with self._lock:
             self._transports.add(transport)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, daemon=True, name="pyc10d-heartbeat")
-                self._thread.start()
+                # Sockets only, never torch: the exit need not wait for it.
+                self._thread = threads.start(self._run, "pyc10d-heartbeat", join_at_exit=False)
             self._wake.set()  # a shorter period may apply now
 
     def unregister(self, transport: Any) -> None:

@@ -23,6 +23,7 @@ import threading
 import time
 from datetime import timedelta
 
+from .. import threads
 from ..errors import DistBackendError, DistNetworkError, DistTimeoutError, with_message
 from ..store.base import Store
 from . import futex
@@ -108,9 +109,7 @@ class ShmTransport(FramedTransport):
         self._out_tail = [0] * size
         for peer in range(size):
             if peer != rank:
-                t = threading.Thread(target=self._receive_loop, args=(peer,), daemon=True,
-                                     name=f"pyc10d-shm-recv-{rank}<-{peer}")
-                t.start()
+                t = threads.start(self._receive_loop, f"pyc10d-shm-recv-{rank}<-{peer}", (peer,))
                 self._threads.append(t)
 
     # -- set-up ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import threading
 import time
 from datetime import timedelta
 
-from .. import auth, keepalive, tls
+from .. import auth, keepalive, threads, tls
 from ..env import env_bytes
 from ..errors import DistNetworkError, DistTimeoutError, with_message
 from ..hostport import format_hostport
@@ -225,9 +225,8 @@ class TCPTransport(FramedTransport):
             if answer is not None:
                 sock.sendall(answer)
             self._socks[peer] = sock
-        t = threading.Thread(target=self._receive_loop, args=(peer, sock, unanswered, own), daemon=True,
-                             name=f"pyc10d-tcp-recv-{self.rank}<-{peer}")
-        t.start()
+        t = threads.start(self._receive_loop, f"pyc10d-tcp-recv-{self.rank}<-{peer}",
+                          (peer, sock, unanswered, own))
         self._threads.append(t)
         self._cond.notify_all()
 
@@ -400,7 +399,7 @@ class TCPTransport(FramedTransport):
                 self._probing[peer] = False
 
         self._probing[peer] = True
-        threading.Thread(target=dial, daemon=True, name=f"pyc10d-tcp-dial-{self.rank}->{peer}").start()
+        threads.start(dial, f"pyc10d-tcp-dial-{self.rank}->{peer}", join_at_exit=False)
 
     def irecv(self, peer: int, channel: int, buf: memoryview) -> RecvHandle:
         handle = super().irecv(peer, channel, buf)

@@ -31,11 +31,10 @@ import os
 import selectors
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable, Sequence
 
-from .. import auth, tls
+from .. import auth, threads, tls
 from ..hostport import family_of, format_hostport
 from .netif import is_loopback
 
@@ -95,9 +94,8 @@ class Listener:
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._pending: dict[socket.socket, _Pending] = {}
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, daemon=True,
-                                        name=f"pyc10d-tcp-accept-{rank}")
-        self._thread.start()
+        # Accepts and answers hellos, never in torch: the exit need not wait for it.
+        self._thread = threads.start(self._loop, f"pyc10d-tcp-accept-{rank}", join_at_exit=False)
 
     # -- the loop -------------------------------------------------------------------------
     def _loop(self) -> None:

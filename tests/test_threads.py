@@ -1,0 +1,121 @@
+"""No pyc10d thread inside torch when the interpreter finalizes (``pyc10d.threads``).
+
+A daemon thread inside a torch operation at finalization aborts the process ("terminate called
+without an active exception", exit code 134). The first test holds a dropped group's shutdown
+open in torch on its release thread while the main thread returns: with the exit's wait cut
+to nothing (``PYC10D_EXIT_TIMEOUT=0``, what the code did before) the process aborts, which
+proves the race real; as shipped it exits 0 after the shutdown finished. The others run
+programs that end right after their last collective (``tests/_exit_rank.py``): 8 ranks as
+threads, and 2 launched ranks on shm, tcp and the plugin with a group dropped on a daemon
+thread just before the exit; ``PYC10D_EXIT_TRIALS`` runs each that many times
+(``make exit-trials``: 50).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pyc10d import threads
+from pyc10d.bench.launch import free_port
+
+HERE = Path(__file__).parent
+REPO = HERE.parent
+TRIALS = int(os.environ.get("PYC10D_EXIT_TRIALS", "1"))
+pytestmark = [pytest.mark.interpreters, pytest.mark.timeout(50 * TRIALS)]
+
+HELD = """
+import sys, time
+from datetime import timedelta
+import torch
+import pyc10d
+from pyc10d import threads
+from pyc10d.bench.launch import free_port
+from pyc10d.process_group import ProcessGroup, make_engine
+
+engine = make_engine("tcp", pyc10d.HashStore(), 0, 1, timedelta(seconds=10), "held")
+shutdown = engine.shutdown
+
+def held_shutdown():  # the dropped group's shutdown, held open inside torch
+    a = torch.ones(1 << 21)
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        a.add_(1)
+    shutdown()
+    print("shutdown finished", flush=True)
+
+engine.shutdown = held_shutdown
+holder = [ProcessGroup(0, 1, engine=engine, group_name="held")]
+del engine
+t = torch.ones(4)
+holder[0].allreduce([t]).wait()
+assert t.tolist() == [1.0] * 4
+threads.start(holder.clear, "pyc10d-test-drop")  # the last reference goes on a pyc10d thread
+time.sleep(0.05)  # the release thread is inside torch now
+print("main returns", flush=True)
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env.update(extra)
+    return env
+
+
+def _python(args: list[str], timeout: float = 45, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], env=_env(**extra), capture_output=True, text=True,
+                          timeout=timeout, cwd=HERE)
+
+
+def test_exit_waits_for_a_release_held_in_torch(tmp_path: Path) -> None:
+    script = tmp_path / "held.py"
+    script.write_text(HELD)
+    cut = _python([str(script)], PYC10D_EXIT_TIMEOUT="0")
+    assert cut.returncode == -6 or cut.returncode == 134, (cut.returncode, cut.stderr[-2000:])
+    assert "terminate called" in cut.stderr and "shutdown finished" not in cut.stdout
+    assert "thread pyc10d-release still running at exit" in cut.stderr
+    ok = _python([str(script)])
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert ok.stdout.split() == "main returns shutdown finished".split()
+
+
+def test_eight_rank_threads_exit_at_once() -> None:
+    for trial in range(TRIALS):
+        res = _python(["_exit_rank.py", "threaded"])
+        assert res.returncode == 0, (trial, res.returncode, res.stderr[-3000:])
+
+
+@pytest.mark.parametrize("backend", ["shm", "tcp", "pyc10d_shm", "pyc10d_tcp"])
+def test_launched_ranks_exit_at_once_after_a_drop(backend: str) -> None:
+    start = os.environ.get("PYC10D_EXIT_START", "fork")
+    for trial in range(TRIALS):
+        res = _python(["-m", "pyc10d.run", "--nproc-per-node", "2", "--start-method", start,
+                       "--master-port", str(free_port()), "_exit_rank.py", backend],
+                      OMP_NUM_THREADS="1")
+        assert res.returncode == 0, (trial, res.returncode, res.stderr[-3000:])
+
+
+def test_exit_join_is_bounded_and_names_the_late() -> None:
+    """``join`` gives up at its deadline and names what is still running."""
+    release = threading.Event()
+    t = threads.start(release.wait, "pyc10d-test-late")
+    try:
+        t0 = time.monotonic()
+        late = threads.join(time.monotonic() + 0.2)
+        assert 0.15 < time.monotonic() - t0 < 5.0
+        assert t in late and t in threads.running()
+    finally:
+        release.set()
+        t.join(5)
+    assert t not in threads.running()
+
+
+def test_thread_names_are_pyc10d_names() -> None:
+    with pytest.raises(ValueError, match="start with 'pyc10d-'"):
+        threads.start(lambda: None, "worker")
