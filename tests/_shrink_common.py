@@ -10,7 +10,11 @@ from typing import Any
 
 import torch
 
-SHRINK_BOUND_S = 2.0  # the issue's bound on one shrink
+#: The issue's bound on one shrink (docs/failures.md: "each shrink asserted under 2 s"), on the
+#: 2-core VM's scale: the tests compare with ``_clock.bound(SHRINK_BOUND_S)``.
+SHRINK_BOUND_S = 2.0
+#: The group timeout of ``store_host_dies_then_shrink``'s ranks.
+GROUP_TIMEOUT_S = 20.0
 
 
 def die_then_fail(dist: Any, rank: int, dead: int) -> str:
@@ -42,7 +46,8 @@ def store_host_dies_then_shrink(dist: Any, rank: int, ws: int, backend: str, por
     from datetime import timedelta
 
     store = dist.TCPStore("127.0.0.1", port, ws, is_master=rank == 0, timeout=timedelta(seconds=5))
-    dist.init_process_group(backend, store=store, rank=rank, world_size=ws, timeout=timedelta(seconds=20))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=ws,
+                            timeout=timedelta(seconds=GROUP_TIMEOUT_S))
     out: dict[str, Any] = {"error": die_then_fail(dist, rank, 0)}
     _, out["shrink_s"] = timed_shrink(dist, [0], **shrink_kwargs)
     t = torch.full((3,), float(rank))

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from _clock import bound
 from _refs import Check, gen, op_names, reduce_op, ref_reduce, short
 
 import pyc10d
@@ -431,7 +432,7 @@ def test_timeout_names_the_peer() -> None:
 
     t0 = time.monotonic()
     res = run(2, fn, comms=comms, expect_errors=True)
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < bound(3)  # at its 0.3 s, not never
     assert isinstance(res[0], DistTimeoutError) and isinstance(res[0], TimeoutError)
     assert "rank 1" in str(res[0]) and "0.3" in str(res[0]), res[0]
 

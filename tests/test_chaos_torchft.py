@@ -14,23 +14,31 @@ import sys
 from pathlib import Path
 
 import pytest
+from _clock import bound
 
 pytest.importorskip("torchft", reason="torchft-nightly (the test extra) is not installed")
 
-pytestmark = [pytest.mark.timeout(58), pytest.mark.interpreters]
+# The run takes ~25 s on the 2-core VM (interpreters importing torch: CPU-bound); a limit, not
+# a measurement: every multi-rank test stays under a minute.
+RUN_LIMIT_S = 55.0
+pytestmark = [pytest.mark.timeout(RUN_LIMIT_S + 3), pytest.mark.interpreters]
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_replicas_killed_in_turn_are_survived_and_healed(tmp_path: Path) -> None:
     out = tmp_path / "verdict.json"
+    # a survivor commits a step within 10 s of the death (no hang: docs/failures.md), on the
+    # 2-core VM's scale
+    deadline_s = bound(10.0)
     cmd = [sys.executable, str(ROOT / "tests" / "chaos_torchft.py"), "--failures", "3", "--seed", "7",
-           "--json", str(out)]
+           "--deadline", f"{deadline_s:.1f}", "--json", str(out)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=55, check=False)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=RUN_LIMIT_S, check=False)
     assert out.exists(), proc.stdout[-2000:] + proc.stderr[-3000:]
     verdict = json.loads(out.read_text())
     assert verdict["ok"], "\n".join(verdict["problems"])
     assert verdict["failures"] == 3
-    assert max(verdict["recovery_s"]) < 10
+    assert max(verdict["recovery_s"]) < deadline_s
     assert proc.returncode == 0

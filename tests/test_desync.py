@@ -3,7 +3,8 @@ result returned as success, never a wait for the group timeout.
 
 Every message of a collective carries its sender's fingerprint (collective, reduce op, root);
 shm arenas compare descriptors. Each case runs on a fresh group and must raise on every rank
-within 5 s (the group timeout here is 60 s), with a message naming what differs.
+within 5 s on the 2-core VM's scale (``_clock.bound``; docs/failures.md: "within a few
+seconds"; the group timeout here is 60 s), with a message naming what differs.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from datetime import timedelta
 
 import pytest
 import torch
+from _clock import bound
 from _multirank import BACKENDS, run_ranks
 from _refs import Check
 
@@ -56,7 +58,7 @@ def _desync(rank: int, ws: int) -> int:
             dist.barrier(group=g)  # a desync found after the call returned fails this instead
         except RuntimeError as e:
             took, msg = time.monotonic() - t0, str(e)
-            c.true(took < 5.0, f"{what}: took {took:.1f}s")
+            c.true(took < bound(5.0), f"{what}: took {took:.1f}s")
             c.true("desync" in msg or "differs between ranks" in msg, f"{what}: not reported as a desync: {msg}")
             c.true(all(w in msg for w in words), f"{what}: message lacks {words}: {msg}")
         else:
@@ -102,7 +104,7 @@ def _tag_mismatch(rank: int, ws: int) -> int:
         dist.barrier(group=g)
     except RuntimeError as e:
         took, msg = time.monotonic() - t0, str(e)
-        c.true(took < 5.0, f"tag mismatch: took {took:.1f}s")
+        c.true(took < bound(5.0), f"tag mismatch: took {took:.1f}s")
         c.true("tag 2 from rank 0" in msg and "sent tag(s) 1" in msg, f"tag mismatch not named: {msg}")
     else:
         c.true(False, f"tag mismatch: no error on rank {rank}")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _clock import bound
 
 from pyc10d.testing.hosts import Hosts, unavailable_reason
 
@@ -129,7 +130,7 @@ def test_uneven_hosts(hosts: Hosts, port: int, tmp_path: Path) -> None:
     _check(reports, "hier")
 
 
-@pytest.mark.timeout(45)
+@pytest.mark.timeout(60)
 def test_dead_host_is_named(hosts: Hosts, port: int, tmp_path: Path) -> None:
     """Host h1 (ranks 2, 3) dies mid all_reduce: both survivors say so, within seconds."""
     procs = _start(hosts, [0, 0, 1, 1], "loop", "auto", tmp_path, [], port)
@@ -141,16 +142,18 @@ def test_dead_host_is_named(hosts: Hosts, port: int, tmp_path: Path) -> None:
     killed_at = time.monotonic()
     hosts[1].kill()
     try:
-        procs[0].wait(timeout=15)
+        procs[0].wait(timeout=30)  # (a hang guard: the bound is below)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"survivors did not notice the dead host within 15s\n{_logs(tmp_path)}")
+        pytest.fail(f"survivors did not notice the dead host within 30s\n{_logs(tmp_path)}")
     took = time.monotonic() - killed_at
     reports = _reports(tmp_path, [0, 1, 2, 3])
     assert sorted(reports) == [0, 1], f"{reports}\n{_logs(tmp_path)}"
     for r in (0, 1):
         assert not reports[r]["ok"]
         assert "host 'h1' (ranks 2, 3)" in reports[r]["error"], reports[r]["error"]
-    assert took < 10, took
+    # within seconds (10 on the 2-core VM, a third of the ranks' 30 s group timeout), on this
+    # machine's scale (measured now: the ranks no longer run)
+    assert took < bound(10), took
 
 
 @pytest.mark.timeout(45)

@@ -141,12 +141,10 @@ def test_underscore_spellings_and_module(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_failing_rank_stops_the_job(tmp_path: Path) -> None:
     script = _write(tmp_path / "fail.py", FAIL_ONE.format())
-    t0 = time.monotonic()
+    # The others sleep 300 s: _launch's timeout (45 s) fails the test if the launcher waited.
     res = _launch(["--nproc-per-node", "3", str(script), str(tmp_path), "1", "exit", "3"])
-    elapsed = time.monotonic() - t0
     assert res.returncode == 3
     assert "pyc10d.run: rank 1 exited with code 3" in res.stderr
-    assert elapsed < 30
     for rank, pid in _pids(tmp_path, 3).items():
         assert not _alive(pid), f"rank {rank} (pid {pid}) outlived the launcher"
 
@@ -173,11 +171,11 @@ def test_killed_rank_reports_signal(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_ranks_ignoring_sigterm_get_killed(tmp_path: Path) -> None:
     script = _write(tmp_path / "fail.py", FAIL_ONE.format())
-    t0 = time.monotonic()
+    # Rank 0 ignores SIGTERM and sleeps 300 s: _launch's timeout (45 s) fails the test if the
+    # launcher did not kill it after the 1 s --term-timeout.
     res = _launch(["--nproc-per-node", "2", "--term-timeout", "1", str(script),
                    str(tmp_path), "1", "ignore-term", "2"])
     assert res.returncode == 3
-    assert time.monotonic() - t0 < 30
     assert not any(_alive(pid) for pid in _pids(tmp_path, 2).values())
 
 

@@ -7,7 +7,8 @@ on h1 frozen with SIGSTOP (its kernel still answers TCP). No connection is close
 nothing but the keepalive, the user timeout and the heartbeat (``pyc10d.keepalive``,
 ``pyc10d.transport.heartbeat``) can tell; the collective's own timeout is 30 s. With the
 bound set to 3 s, rank 0 must fail naming rank 1 with torch's "Timed out" within the bound
-plus the heartbeat's period and some scheduling slack.
+plus the heartbeat's period (docs/failures.md: T + T/4) and some scheduling slack (scaled to
+the machine's speed by ``_clock.bound``: the promise itself is wall-clock time).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _clock import bound
 
 from pyc10d import keepalive
 from pyc10d.testing.hosts import Hosts, unavailable_reason
@@ -30,8 +32,11 @@ pytestmark = [pytest.mark.skipif(_WHY_NOT is not None, reason=f"namespace hosts:
 
 WORKER = str(Path(__file__).with_name("_multihost_worker.py"))
 BOUND_S = 3.0
-# Named within T + T/4 (the heartbeat's period); the rest is for a busy 2-core machine.
-NAMED_WITHIN_S = BOUND_S * 1.25 + 3.0
+# Named within T + T/4 (the heartbeat's period), as docs/failures.md promises: checked as it is.
+PROMISED_S = BOUND_S * 1.25
+# The rest, for scheduling, the error's way out and rank 0's exit on a busy 2-core machine:
+# scaled to this machine's speed when checked (``bound``).
+SLACK_S = 3.0
 _PORTS = itertools.count(29700)
 
 
@@ -71,7 +76,7 @@ def _start(hs: Hosts, case: str, backend: str, out: Path) -> list:
 
 def _rank0_fails_in_time(procs: list, out: Path, since: float) -> str:
     try:
-        procs[0].wait(timeout=NAMED_WITHIN_S + 5)
+        procs[0].wait(timeout=PROMISED_S + 4 * SLACK_S + 5)  # (a hang guard: the bound is below)
     except subprocess.TimeoutExpired:
         pytest.fail(f"rank 0 did not notice the silent peer\n{_logs(out)}")
     took = time.monotonic() - since
@@ -80,7 +85,8 @@ def _rank0_fails_in_time(procs: list, out: Path, since: float) -> str:
     error = report["error"]
     assert "Timed out" in error and "rank 1" in error and keepalive.ENV in error, error
     print(f"named after {took:.1f}s: {error}")
-    assert took < NAMED_WITHIN_S, (took, error)
+    named_within = PROMISED_S + bound(SLACK_S)  # (measured now: the ranks no longer run)
+    assert took < named_within, (took, named_within, error)
     return error
 
 

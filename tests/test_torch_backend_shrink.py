@@ -10,8 +10,15 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from _clock import bound
 from _multirank import exited, run_ranks
-from _shrink_common import SHRINK_BOUND_S, die_then_fail, store_host_dies_then_shrink, timed_shrink
+from _shrink_common import (
+    GROUP_TIMEOUT_S,
+    SHRINK_BOUND_S,
+    die_then_fail,
+    store_host_dies_then_shrink,
+    timed_shrink,
+)
 
 import pyc10d.torch_backend  # noqa: F401 - registers the backends
 from pyc10d.testing import find_free_port
@@ -48,12 +55,12 @@ def test_survivors_shrink_through_torch(backend: str) -> None:
     for rank in (0, 1, 3):
         out = res[rank]
         assert "rank 2" in out["error"], out["error"]
-        assert out["world_s"] < SHRINK_BOUND_S, out
+        assert out["world_s"] < bound(SHRINK_BOUND_S), out
         new = {0: 0, 1: 1, 3: 2}[rank]
         assert out["world"] == ([7.0] * 5, True, new, 3, "default:shrunken", True, backend), out
     for rank, new in ((1, 0), (3, 1)):
         out = res[rank]
-        assert out["sub_s"] < SHRINK_BOUND_S, out
+        assert out["sub_s"] < bound(SHRINK_BOUND_S), out
         assert out["sub"][:3] == ([4.0] * 3, new, 2), out
         assert out["sub"][3].endswith(":shrunk") and out["sub"][4], out
 
@@ -82,9 +89,12 @@ def test_shrink_when_the_store_host_died(backend: str) -> None:
     for rank in (1, 2, 3):
         out = res[rank]
         assert "rank 0" in out["error"], out["error"]
-        assert out["shrink_s"] < SHRINK_BOUND_S, out
+        assert out["shrink_s"] < bound(SHRINK_BOUND_S), out
         assert out["sum"] == ([6.0] * 3, rank - 1, 3), out
-        assert out["new_group"].startswith("DistNetworkError") and out["new_group_s"] < 15, out
+        assert out["new_group"].startswith("DistNetworkError"), out
+        # fails on the lost store, not after the group's timeout: half of it, far above a 3x
+        # slower machine's time
+        assert out["new_group_s"] < GROUP_TIMEOUT_S / 2, out
 
 
 def _other_devices(rank: int, ws: int) -> list[str]:

@@ -127,11 +127,10 @@ def _release(engine: Any, pid: int) -> None:
         return
     # A pyc10d thread (progress, receiver) may drop the last reference (a Work's callback,
     # or a cycle collected mid-operation): ``shutdown`` joins those threads, so it runs on
-    # a thread of its own there. So does it from any daemon thread: the interpreter's exit
-    # waits for pyc10d's threads (``pyc10d.threads``), not for a daemon thread of the user's,
-    # which it would stop wherever it is.
-    me = threading.current_thread()
-    if me.daemon or me.name.startswith("pyc10d-"):
+    # a thread of its own there. Anywhere else it runs at once, on the dropping thread (a
+    # daemon thread of the user's too: what ``shutdown`` runs there is sockets and joins, never
+    # torch, and the threads that do touch torch are the ones the exit waits for).
+    if threading.current_thread().name.startswith("pyc10d-"):
         threads.start(_shutdown_quietly, "pyc10d-release", (engine,))
     else:
         _shutdown_quietly(engine)

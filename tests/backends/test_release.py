@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from _clock import bound
 from _multirank import FORK, run_ranks
 
 pytestmark = pytest.mark.timeout(50)
@@ -96,7 +97,8 @@ def test_the_peers_of_a_dropped_group_raise_within_a_second(api: str, backend: s
         took, (kind, msg) = res[rank]
         assert kind == "DistNetworkError", res[rank]
         assert "Connection closed by peer" in msg and "rank 1" in msg, msg
-        assert took < 1.0, f"rank {rank} raised {took:.2f}s after it called"
+        # within a second on this machine's scale (rank 1 holds on until they have looked)
+        assert took < bound(1.0), f"rank {rank} raised {took:.2f}s after it called"
 
 
 def _fds() -> int:

@@ -16,6 +16,7 @@ import unittest
 
 import pytest
 import torch
+from _clock import bound
 
 import pyc10d as dist
 from pyc10d.errors import DistBackendError
@@ -158,8 +159,12 @@ class RandomCollectivesTest(TestCase):
 
 
 class FailureTest(TestCase):
+    # The harness's timeout for the two tests below: the others are released at once, well
+    # before it (a third of it, far above a 3x slower machine's few seconds).
+    TIMEOUT_S = 60
+
     def test_raise_while_peers_are_in_a_collective_names_the_rank(self) -> None:
-        @spawn_threads_and_init_comms(world_size=8, timeout=20)
+        @spawn_threads_and_init_comms(world_size=8, timeout=self.TIMEOUT_S)
         def run(self: TestCase) -> None:
             t = torch.ones(10)
             dist.all_reduce(t)
@@ -170,14 +175,14 @@ class FailureTest(TestCase):
         t0 = time.monotonic()
         with self.assertRaises(RuntimeError) as ctx:
             run(self)
-        self.assertLess(time.monotonic() - t0, 10)
+        self.assertLess(time.monotonic() - t0, self.TIMEOUT_S / 3)
         msg = str(ctx.exception)
         self.assertTrue(msg.startswith("Thread 5 (rank 5) exited with exception (likely cause)"), msg[:300])
         self.assertIn("ValueError: boom on rank 5", msg)
         self.assertIn("rank 5 failed", msg)  # why the other ranks were released
 
     def test_raise_inside_a_collective_names_the_rank(self) -> None:
-        @spawn_threads_and_init_comms(world_size=8, timeout=20)
+        @spawn_threads_and_init_comms(world_size=8, timeout=self.TIMEOUT_S)
         def run(self: TestCase) -> None:
             if dist.get_rank() == 3:
                 transport = dist.group.WORLD._get_backend().transport
@@ -196,7 +201,7 @@ class FailureTest(TestCase):
         t0 = time.monotonic()
         with self.assertRaises(RuntimeError) as ctx:
             run(self)
-        self.assertLess(time.monotonic() - t0, 10)
+        self.assertLess(time.monotonic() - t0, self.TIMEOUT_S / 3)
         msg = str(ctx.exception)
         self.assertTrue(msg.startswith("Thread 3 (rank 3)"), msg[:300])
         self.assertIn("rank 3 lost its link mid-collective", msg)
@@ -213,7 +218,7 @@ class FailureTest(TestCase):
         t0 = time.monotonic()
         with self.assertRaises(RuntimeError) as ctx:
             run.join()
-        self.assertLess(time.monotonic() - t0, 8)
+        self.assertLess(time.monotonic() - t0, 1.5 + bound(6.5))  # at its 1.5 s, not later
         msg = str(ctx.exception)
         self.assertIn("Test timed out after 1.5 s: ranks [1, 2] had not finished", msg)
         self.assertIn("Stack of rank 1 at the timeout", msg)
