@@ -360,6 +360,8 @@ class Arena:
             self.unlink_pending = False
             self.seg.unlink()
         data = reason.encode(errors="replace")[:_REASON_MAX]
+        # What a wait of this rank raises if the arena is closed under it before it reads the words.
+        self._own_abort = f"aborted by rank {self.members[self.rank]}: {reason}"
         off = HEADER + self.rank * LINE + _REASON_OFF
         self.words[off // 4] = len(data)
         self.seg.mm[off + 4:off + 4 + len(data)] = data
@@ -373,10 +375,13 @@ class Arena:
         self._wake_all()
 
     def _raise_aborted(self, op: str) -> None:
-        who = self.words[_ABORT_WORD] - 1
+        words, seg = self.words, self.seg
+        if words is None or seg is None:  # closed by another thread (abort, then shutdown) meanwhile
+            raise DistBackendError(f"{op}: {getattr(self, '_own_abort', None) or 'aborted: the group was shut down while this rank waited'}")
+        who = words[_ABORT_WORD] - 1
         off = HEADER + who * LINE + _REASON_OFF
-        n = self.words[off // 4]
-        reason = bytes(self.seg.mm[off + 4:off + 4 + min(n, _REASON_MAX)]).decode(errors="replace")
+        n = words[off // 4]
+        reason = bytes(seg.mm[off + 4:off + 4 + min(n, _REASON_MAX)]).decode(errors="replace")
         raise DistBackendError(f"{op}: aborted by rank {self.members[who]}: {reason}")
 
     def _wake_all(self) -> None:
