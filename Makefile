@@ -8,6 +8,12 @@
 #               then functional vs in-place collectives (python -m pyc10d.bench.funcol)
 #               and the per-call cost at world size 1 (python -m pyc10d.bench.percall),
 #               then the floor under an 8 B all_reduce and each layer above it (bench.floor)
+#   make bench-instructions  instructions per call under valgrind's callgrind (python -m
+#               pyc10d.bench.instructions: 8 B all_reduce, broadcast and barrier at world size 1
+#               on shm, tcp, threaded and the plugin, fake, functional, a TCPStore set+get),
+#               exit 1 naming each path over 5% above benchmarks/instructions-reference.json
+#               (minutes; make test runs a smaller guard); UPDATE=1 rewrites the reference
+#               instead, for a reviewed commit that says why
 #   make fuzz   100,000 malformed frames at a live TCPStore server and 100,000 garbage
 #               handshakes at the tcp transport's listener (and bad frames from its peers)
 #               while good clients keep working; prints frames, time and peak memory;
@@ -46,8 +52,8 @@ PROPERTY_EXAMPLES ?= 3000
 # A launch of 33 processes on 2 cores runs for minutes: the per-test limit of test-worlds.
 WORLDS_TIMEOUT ?= 1800
 
-.PHONY: venv demo test test-launchers test-worlds fuzz chaos bench torch-suite test-torchft chaos-torchft lint clean \
-	exit-trials
+.PHONY: venv demo test test-launchers test-worlds fuzz chaos bench bench-instructions torch-suite test-torchft \
+	chaos-torchft lint clean exit-trials
 
 venv: $(STAMP)
 
@@ -102,6 +108,16 @@ bench: $(STAMP)
 	$(PY) -m pyc10d.bench.percall
 	$(PY) -m pyc10d.bench.floor
 	$(PY) -m pyc10d.bench.floor --ladder tcp
+
+# Counts are per call (segments of N and 2N calls, differenced), the least of 3 heap layouts.
+# UPDATE=1 writes the reference instead of checking against it: commit that file alone, in a
+# reviewed commit whose message says why the counts moved.
+INSTRUCTIONS_CALLS ?= 500
+bench-instructions: $(STAMP)
+	command -v valgrind >/dev/null || { apt-get update && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y valgrind; }
+	$(PY) -m pyc10d.bench.instructions --calls $(INSTRUCTIONS_CALLS) \
+		$(if $(UPDATE),--write-reference,--check) benchmarks/instructions-reference.json
 
 chaos: $(STAMP)
 	$(PY) tests/chaos.py --trials 500

@@ -1,0 +1,114 @@
+"""``python -m pyc10d.bench.instructions``: per-call instruction counts under callgrind.
+
+The checks (every call served) run without valgrind, in this process. The guard itself runs one
+process under valgrind (skipped where valgrind is not installed): the current code must stay
+within 5% of ``benchmarks/instructions-reference.json`` on every path, and the same run, with
+extra work after each call worth 10% of the path's reference, must fail on every path.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyc10d.bench import instructions
+
+REFERENCE = Path(__file__).resolve().parents[1] / instructions.REFERENCE
+#: Calls per segment in the guard: the counts are exact per call, so a few dozen do (the
+#: reference is counted with 500); the cost is torch's import under valgrind, not the calls.
+GUARD_CALLS = 40
+
+
+@pytest.fixture
+def store_port() -> Any:
+    from pyc10d.bench.store import _server
+
+    server = _server("pyc10d")
+    yield server.port
+    del server
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("path", ["threaded.all_reduce", "tcp.barrier", "pyc10d_tcp.broadcast",
+                                  "fake.all_reduce", "functional.all_reduce", "tcpstore.set_get"])
+def test_a_call_that_does_nothing_fails_the_check(path: str, store_port: int,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Call 30 of the path (of 20 warm-up and 3 x 10 counted) does nothing: its check fails,
+    one call short; the same path unpatched passes."""
+    import torch.distributed as tdist
+
+    import pyc10d
+    import pyc10d.functional._eager as eager
+    from pyc10d.store import TCPStore
+    from pyc10d.testing.sabotage import saboteur
+
+    def run() -> dict[str, Any]:
+        return instructions.run_paths([path], 10, store_port=store_port, warm=20)[path]
+
+    clean = run()
+    assert clean["ok"] and (clean["calls"], clean["served"]) == (50, 50), clean
+    prefix, op = path.split(".")
+    if prefix == "functional":  # the eager kernel hands back a copy of the input, no collective
+        real, n = eager.all_reduce, [0]
+
+        def idle(t: Any, *args: Any) -> Any:
+            n[0] += 1
+            return t.clone() if n[0] == 30 else real(t, *args)
+
+        monkeypatch.setattr(eager, "all_reduce", idle)
+    elif prefix == "tcpstore":
+        monkeypatch.setattr(TCPStore, "set", saboteur(TCPStore.set, 30, "drop", only_timed=False))
+    else:
+        owner = tdist if prefix.startswith("pyc10d_") else pyc10d
+        monkeypatch.setattr(owner, op, saboteur(getattr(owner, op), 30, "drop", only_timed=False))
+    check = run()
+    assert not check["ok"] and (check["calls"], check["served"]) == (50, 49), check
+
+
+def test_failed_checks_and_growth_are_named() -> None:
+    result = {"checks": [{"a.x": {"calls": 5, "served": 5, "ok": True}},
+                         {"a.x": {"calls": 5, "served": 4, "ok": False}}]}
+    assert instructions.failed_checks(result) == ["a.x (layout 1): 4 of 5 calls served"]
+    table, grew = instructions.compare({"a.x": 104.0, "b.y": 106.0, "c.z": 50.0},
+                                       {"a.x": 100.0, "b.y": 100.0}, 0.05)
+    assert grew == ["b.y"]
+    assert "GREW" in table and "new" in table.splitlines()[-1]
+
+
+def test_paths_select_by_name_or_prefix() -> None:
+    assert instructions._select("tcp,fake.all_reduce") == ["tcp.all_reduce", "tcp.broadcast", "tcp.barrier",
+                                                           "fake.all_reduce"]
+    with pytest.raises(SystemExit):
+        instructions._select("nope")
+
+
+def test_the_reference_covers_every_path() -> None:
+    ref = json.loads(REFERENCE.read_text())
+    assert set(ref["paths"]) == set(instructions.PATHS)
+    assert all(v > 1000 for v in ref["paths"].values())
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="callgrind's client requests are written for x86-64")
+@pytest.mark.timeout(400)
+def test_the_guard_passes_now_and_fails_a_planted_10_percent_slowdown() -> None:
+    """One valgrind process counts every path twice: as it is (within 5% of the reference) and
+    with extra Python work after each call worth 10% of its reference count (over 5% on every
+    path: the guard names them all)."""
+    ref = json.loads(REFERENCE.read_text())["paths"]
+    t0 = time.monotonic()
+    result = instructions.count(instructions.PATHS, GUARD_CALLS, layouts=1, plant_fraction=0.10, reference=ref)
+    assert instructions.failed_checks(result) == []
+    table, grew = instructions.compare(result["paths"], ref, instructions.TOLERANCE)
+    assert grew == [], f"grew more than 5% over {REFERENCE}:\n{table}"
+    table, grew = instructions.compare(result["planted"], ref, instructions.TOLERANCE)
+    assert grew == list(instructions.PATHS), f"a planted 10% slowdown passed:\n{table}"
+    for name in instructions.PATHS:  # the plant is what it says: +10% (and a call's wrapper)
+        assert 1.07 < result["planted"][name] / result["paths"][name] < 1.15, (name, result)
+    print(f"guard: {time.monotonic() - t0:.0f} s wall, {result['cpu_s']} s CPU under valgrind\n{table}")
