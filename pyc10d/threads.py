@@ -38,6 +38,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -46,8 +47,8 @@ from .env import env_float
 log = logging.getLogger("pyc10d")
 
 _lock = threading.Lock()
-#: Threads started here in this process that the exit waits for (each removes itself as it ends).
-_joinable: set[threading.Thread] = set()
+#: Threads started here in this process that the exit waits for (an ended one is dropped).
+_joinable: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 #: What runs at exit before the join, in order of registration.
 _exit_hooks: list[Callable[[], None]] = []
 #: The process whose ``atexit`` hook is registered (a forked child registers its own).
@@ -66,27 +67,11 @@ def start(target: Callable[..., Any], name: str, args: tuple = (), join_at_exit:
     if not name.startswith("pyc10d-"):
         raise ValueError(f"pyc10d thread names start with 'pyc10d-': {name!r}")
     _hook()
-    if not join_at_exit:
-        t = threading.Thread(target=target, args=args, name=name, daemon=True)
-        t.start()
-        return t
-
-    def run() -> None:
-        try:
-            target(*args)
-        finally:
-            with _lock:
-                _joinable.discard(threading.current_thread())
-
-    t = threading.Thread(target=run, name=name, daemon=True)
-    with _lock:
-        _joinable.add(t)
-    try:
-        t.start()
-    except BaseException:
+    t = threading.Thread(target=target, args=args, name=name, daemon=True)
+    if join_at_exit:
         with _lock:
-            _joinable.discard(t)
-        raise
+            _joinable.add(t)
+    t.start()
     return t
 
 
@@ -135,16 +120,16 @@ def _on_exit() -> None:
 
 
 def join(deadline: float) -> list[threading.Thread]:
-    """Join every registered thread until ``deadline`` (``time.monotonic()``); the ones still
-    running then, each named in a warning."""
+    """Join every registered thread until ``deadline`` (``time.monotonic()``), and those
+    started meanwhile (a group's release, started by a shutdown); the ones still running then,
+    each named in a warning."""
     me = threading.current_thread()
     late: list[threading.Thread] = []
-    for t in running():
-        if t is me:
-            continue
-        t.join(max(deadline - time.monotonic(), 0.0))
-        if t.is_alive():
-            late.append(t)
+    while pending := [t for t in running() if t is not me and t not in late]:
+        for t in pending:
+            t.join(max(deadline - time.monotonic(), 0.0))
+            if t.is_alive():
+                late.append(t)
     for t in late:
         log.warning("pyc10d: thread %s still running at exit after %.1f s (PYC10D_EXIT_TIMEOUT)",
                     t.name, exit_timeout())

@@ -94,16 +94,21 @@ def launched_rank(backend: str) -> None:
     mix(dist, rank, world)
 
     import pyc10d
-    from pyc10d.groups import _get_default_store
     from pyc10d.process_group import ProcessGroup, make_engine
 
+    plugin = backend.startswith("pyc10d_")
     engine_backend = backend.removeprefix("pyc10d_")
-    store = pyc10d.PrefixStore("dropped", _get_default_store()) if backend == engine_backend else \
-        pyc10d.PrefixStore("dropped", dist.distributed_c10d._get_default_store())
-    engine = make_engine(engine_backend, store, rank, world, timedelta(seconds=20), "dropped")
-    if backend != engine_backend:
+    if plugin:
         from pyc10d.torch_backend import TorchProcessGroup
 
+        default_store = dist.distributed_c10d._get_default_store()
+    else:
+        from pyc10d.groups import _get_default_store
+
+        default_store = _get_default_store()
+    store = pyc10d.PrefixStore("dropped", default_store)
+    engine = make_engine(engine_backend, store, rank, world, timedelta(seconds=20), "dropped")
+    if plugin:
         held = [TorchProcessGroup(engine, rank, world, backend)]
     else:
         held = [ProcessGroup(rank, world, engine=engine, group_name="dropped")]

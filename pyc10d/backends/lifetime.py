@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import itertools
 import logging
 import os
 import threading
@@ -32,10 +31,9 @@ from .. import threads
 
 #: Every group object of this process (and what else a forked child must not destroy).
 _GROUPS: weakref.WeakSet[object] = weakref.WeakSet()
-#: The finalizers of this process's groups still alive, which the exit runs (``_at_exit``),
-#: each with its group's number in order of making.
-_finalizers: dict[weakref.finalize, int] = {}
-_made = itertools.count()
+#: The finalizers of this process's groups still alive, in the order the groups were made,
+#: which the exit runs (``_at_exit``).
+_finalizers: dict[weakref.finalize, None] = {}
 _fork_lock = threading.Lock()
 _forks_in_progress = 0
 _gc_was_enabled = False
@@ -63,7 +61,7 @@ def release_on_drop(owner: object, engine: Any) -> None:
             threads.at_exit(_at_exit)  # once per process (a forked child's set starts empty)
         for dead in [g for g in _finalizers if not g.alive]:
             del _finalizers[dead]
-        _finalizers[f] = next(_made)
+        _finalizers[f] = None
     _GROUPS.add(owner)
 
 
@@ -71,9 +69,9 @@ def _at_exit() -> None:
     """Shut down every group of this process still alive, the newest first (subgroups
     before the default group, as ``destroy_process_group`` orders them)."""
     with _fork_lock:
-        alive = sorted((n, f) for f, n in _finalizers.items() if f.alive)
+        alive = [f for f in _finalizers if f.alive]
         _finalizers.clear()
-    for _, f in reversed(alive):
+    for f in reversed(alive):
         f()
 
 

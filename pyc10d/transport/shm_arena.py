@@ -138,6 +138,7 @@ class Arena:
         self._exchange = futex.exchange
         self._post_addr = seg.address + 4 * self._ctr[rank]  # this rank's counter
         self.cancelled: BaseException | None = None
+        self._own_abort = ""  # this rank's abort, as its own waits raise it (``_raise_aborted``)
         self.timeout = 0.0  # of the current operation, for messages
         #: optional ``() -> error or None``, polled while sleeping: a failure reported to this
         #: rank some other way (e.g. an abort message on the transport) ends the wait too
@@ -360,7 +361,6 @@ class Arena:
             self.unlink_pending = False
             self.seg.unlink()
         data = reason.encode(errors="replace")[:_REASON_MAX]
-        # What a wait of this rank raises if the arena is closed under it before it reads the words.
         self._own_abort = f"aborted by rank {self.members[self.rank]}: {reason}"
         off = HEADER + self.rank * LINE + _REASON_OFF
         self.words[off // 4] = len(data)
@@ -377,7 +377,7 @@ class Arena:
     def _raise_aborted(self, op: str) -> None:
         words, seg = self.words, self.seg
         if words is None or seg is None:  # closed by another thread (abort, then shutdown) meanwhile
-            raise DistBackendError(f"{op}: {getattr(self, '_own_abort', None) or 'aborted: the group was shut down while this rank waited'}")
+            raise DistBackendError(f"{op}: {self._own_abort or 'aborted: the group was shut down while this rank waited'}")
         who = words[_ABORT_WORD] - 1
         off = HEADER + who * LINE + _REASON_OFF
         n = words[off // 4]
