@@ -37,6 +37,8 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
+from .threads import settle_torch_pool
+
 
 class ForkedRank:
     """The part of ``subprocess.Popen``'s interface the launcher uses, for a forked rank."""
@@ -111,6 +113,7 @@ def _rank_main(target: list[str], module: bool, env: dict[str, str],
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     atexit._clear()  # the parent's handlers are the parent's: only the rank's own run at its exit
     gc.freeze()  # the launcher's objects are never collected here: no full pass copying their pages
+    settle_torch_pool()  # the rank's own threads may each ask for torch's pool first, at once
     if preexec is not None:
         preexec()
     os.environ.clear()

@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -53,6 +54,8 @@ _joinable: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 _exit_hooks: list[Callable[[], None]] = []
 #: The process whose ``atexit`` hook is registered (a forked child registers its own).
 _hooked_pid = 0
+#: The process in which torch's intra-op pool was last settled (``settle_torch_pool``).
+_settled_pid = 0
 
 
 def exit_timeout() -> float:
@@ -67,12 +70,32 @@ def start(target: Callable[..., Any], name: str, args: tuple = (), join_at_exit:
     if not name.startswith("pyc10d-"):
         raise ValueError(f"pyc10d thread names start with 'pyc10d-': {name!r}")
     _hook()
+    settle_torch_pool()
     t = threading.Thread(target=target, args=args, name=name, daemon=True)
     if join_at_exit:
         with _lock:
             _joinable.add(t)
     t.start()
     return t
+
+
+def settle_torch_pool() -> None:
+    """In a forked child, have torch make its new intra-op thread pool now, from this thread,
+    before threads start (once per process; a no-op before torch is imported).
+
+    After a fork torch marks the pool it inherited as corrupt and replaces it on the next call
+    that asks for it; two threads asking at once (each thread's first parallel op asks) can be
+    handed no pool: "pool INTERNAL ASSERT FAILED ... Invalid thread pool!". Seen once in a fresh
+    run: four rank threads of ``pyc10d.testing.threaded`` in a rank forked by ``run_fork``,
+    each calling ``torch.arange`` first. A progress thread beside a forked rank's main thread
+    can meet the same race.
+    """
+    global _settled_pid
+    torch = sys.modules.get("torch")
+    if torch is None or _settled_pid == os.getpid():
+        return
+    _settled_pid = os.getpid()
+    torch.set_num_threads(torch.get_num_threads())
 
 
 def at_exit(hook: Callable[[], None]) -> None:

@@ -119,3 +119,37 @@ def test_exit_join_is_bounded_and_names_the_late() -> None:
 def test_thread_names_are_pyc10d_names() -> None:
     with pytest.raises(ValueError, match="start with 'pyc10d-'"):
         threads.start(lambda: None, "worker")
+
+
+# A forked child whose parent had set torch's thread count: each thread's first parallel op
+# asks torch for the intra-op pool, which torch replaces after a fork; asked by 8 threads at
+# once, the replacement handed some of them no pool ("Invalid thread pool!"; 36 of 40 forks
+# without settle_torch_pool here, measured 2026-11-28).
+POOL_RACE = r"""
+import os, sys, threading, torch
+from pyc10d.testing.threaded import ThreadedRun
+torch.set_num_threads(2)
+torch.arange(100000).sum()
+failed = 0
+for _ in range(20):
+    pid = os.fork()
+    if pid == 0:
+        run, together = ThreadedRun(8, timeout=30), threading.Barrier(8)
+        run.start(lambda rank: (together.wait(), torch.arange(4, dtype=torch.int).view(2, 2)))
+        try:
+            run.join()
+        except RuntimeError as e:
+            print(e, file=sys.stderr)
+            os._exit(1)
+        os._exit(0)
+    failed += os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
+print("failed", failed)
+"""
+
+
+@pytest.mark.timeout(50)
+def test_rank_threads_in_a_forked_child_all_get_torchs_pool() -> None:
+    """8 rank threads of a ``ThreadedRun`` in each of 20 forked children (a rank that
+    ``run_fork`` forked runs a threaded example so): every thread's first op gets a pool."""
+    out = subprocess.run([sys.executable, "-c", POOL_RACE], capture_output=True, text=True, timeout=45)
+    assert out.returncode == 0 and out.stdout.split() == ["failed", "0"], out.stdout + out.stderr[-3000:]

@@ -49,6 +49,7 @@ from pyc10d.errors import DistBackendError, DistError, DistTimeoutError
 from pyc10d.store import HashStore
 from pyc10d.testing.case import TestCase, dispatch_to_ranks
 from pyc10d.testing.decorators import pending_skip_reason
+from pyc10d.threads import settle_torch_pool
 from pyc10d.transport.threaded import terminate
 from pyc10d.world import World, set_thread_world
 
@@ -125,6 +126,7 @@ class ThreadedRun:
     def start(self, body: Callable[[int], Any]) -> None:
         self._started = time.monotonic()
         _per_thread_fx_patcher()
+        settle_torch_pool()
         for rank in range(self.world_size):
             t = threading.Thread(
                 target=self._rank_main, args=(rank, body), name=f"pyc10d-rank-{rank}", daemon=True
