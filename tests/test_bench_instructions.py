@@ -109,6 +109,6 @@ def test_the_guard_passes_now_and_fails_a_planted_10_percent_slowdown() -> None:
     assert grew == [], f"grew more than 5% over {REFERENCE}:\n{table}"
     table, grew = instructions.compare(result["planted"], ref, instructions.TOLERANCE)
     assert grew == list(instructions.PATHS), f"a planted 10% slowdown passed:\n{table}"
-    for name in instructions.PATHS:  # the plant is what it says: +10% (and a call's wrapper)
-        assert 1.07 < result["planted"][name] / result["paths"][name] < 1.15, (name, result)
+    for name in instructions.PATHS:  # the plant is what it says: +10% of the reference
+        assert 1.08 < result["planted"][name] / result["paths"][name] < 1.12, (name, result)
     print(f"guard: {time.monotonic() - t0:.0f} s wall, {result['cpu_s']} s CPU under valgrind\n{table}")

@@ -7,7 +7,7 @@ guards its speed the same way), so it can be compared with a committed reference
 growth of a few percent is a real change of the code (or of torch, Python or valgrind).
 
 ``python -m pyc10d.bench.instructions [--calls N] [--paths a,b] [--check REF.json]`` runs one
-process under ``valgrind --tool=callgrind`` that counts, for every path of ``PATHS``, the
+process tree under ``valgrind --tool=callgrind`` that counts, for every path of ``PATHS``, the
 instructions of its calls, one at a time, as a program makes them:
 
 * ``shm/tcp/threaded.<op>``: ``pyc10d.all_reduce`` of 8 B, ``broadcast(src=0)`` and
@@ -33,7 +33,9 @@ collection toggled in that thread), and the watchdog's thread is kept asleep dur
 (``_counted_process``): other threads' work is not a call's cost, and their wake-ups, timed by
 the wall clock, would be noise. ``PYTHONHASHSEED=0``. torch is imported once, then every path
 is counted in ``--layouts`` (3) forked children, each with its heap laid out differently under
-pyc10d (``_BOOT`` says why); a path's figure is its least count. A figure includes the loop's
+pyc10d (``_BOOT`` says why), and within each, every backend's paths in a grandchild forked
+from it after pyc10d's import (``_counted_process`` says why); a path's figure is its least
+count, the same whether the run counts it alone (``--paths``) or with all the others. A figure includes the loop's
 own turn and the call of the path's lambda (a few hundred instructions).
 
 Every call is checked, warm-up and counted alike: a collective path's group sequence number
@@ -55,8 +57,8 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import itertools
 import json
-import math
 import mmap
 import os
 import platform
@@ -66,6 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,7 +78,7 @@ from typing import Any
 from pyc10d.bench.percall import OPS
 from pyc10d.bench.report import write_result
 
-DEFAULT_CALLS = 1000
+DEFAULT_CALLS = 500
 #: Heap layouts counted per run (see ``_BOOT``); each path's figure is the least of them.
 LAYOUTS = 3
 #: Uncounted calls before a path's segments: more than the flight recorder's ring (2,048 slots
@@ -152,7 +155,8 @@ def _collectives(api: str, backend: str) -> _Setup:
     """``all_reduce`` (8 B), ``broadcast(src=0)`` and ``barrier`` at world size 1: pyc10d's API
     (``api == "pyc10d"``) or torch's on the plugin (``"torch"``). The tally is the group's
     sequence number (on the plugin, its engine's: torch's pybind method of that name answers
-    for a Python group that it has none)."""
+    for a Python group that it has none). ``bench.percall._measure`` builds the same calls but
+    times them in its own loop and reads that method, so only its ``OPS`` are shared."""
     import torch
 
     if api == "torch":
@@ -228,9 +232,14 @@ def _loop(call: Callable[[], Any], n: int) -> None:
 
 
 def _burn(n: int) -> None:
-    """The planted slowdown: ``n`` turns of an empty Python loop."""
-    for _ in range(n):
+    """The planted slowdown: ``n`` turns of an empty Python loop (over ``repeat``: no int is
+    made, so every turn costs the same)."""
+    for _ in itertools.repeat(None, n):
         pass
+
+
+def _nothing() -> None:
+    pass
 
 
 def _slowed(call: Callable[[], Any], turns: int) -> Callable[[], None]:
@@ -334,8 +343,8 @@ def _per_call(counts: dict[str, int], label: str, n: int) -> float:
 #: imported and made after it, sit at other addresses: CPython's method cache is indexed by a
 #: type's version tag and the *address* of the attribute's name, so which lookups of a call
 #: collide (and miss) depends on where things landed. torch's own import does not allocate
-#: the same from run to run, so a single process lands on one layout or another (up to 2.5%
-#: apart for the functional path); the least count over a few layouts is repeatable.
+#: the same from run to run, so a single process lands on one layout or another (measured up
+#: to 2.2% apart on a path); the least count over a few layouts is repeatable.
 _BOOT = """\
 import ctypes, os, sys, traceback
 import torch
@@ -376,8 +385,9 @@ def count(names: Sequence[str], calls: int, *, layouts: int = 1, plant_fraction:
     t0, c0 = time.monotonic(), os.times()
     with tempfile.TemporaryDirectory(prefix="pyc10d-callgrind-") as tmp:
         folder = Path(tmp)
+        # (the reference only when planting: whatever the children read shifts their heap)
         spec = {"names": list(names), "calls": calls, "store_port": server.port if server else 0,
-                "plant_fraction": plant_fraction, "reference": reference or {}}
+                "plant_fraction": plant_fraction, "reference": reference if plant_fraction else {}}
         (folder / "spec.json").write_text(json.dumps(spec))
         cmd = [valgrind, "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
                "--separate-threads=yes", "--dump-line=no", f"--callgrind-out-file={folder}/cg.out.%p",
@@ -403,15 +413,19 @@ def count(names: Sequence[str], calls: int, *, layouts: int = 1, plant_fraction:
     }
     if plant_fraction:
         result["plant_slowdown"] = plant_fraction
-        result["burn_turn"] = runs[0]["burn_turn"]
+        result["plant_price"] = runs[0]["plant_price"]
         result["planted"] = {n: min(_per_call(counts, f"L{i} {n} planted", calls) for i in range(layouts))
                              for n in names}
     return result
 
 
 def _counted_process(folder: str | Path, layout: int) -> int:
-    """One layout's child under valgrind: every path's calls and checks, the checks to
-    ``checks-<layout>.json``."""
+    """One layout's child under valgrind: every path's calls and checks, each backend's paths
+    in a child forked for it from this process, which imported everything and ran nothing.
+    Python 3.11 specializes a bytecode for the types it met first and re-specializes after
+    misses, so code shared by several paths (the plugin's and the native ones, say) costs a
+    path counted after others up to 2% more than alone; forked, a path's count does not
+    depend on what else the run counts. The checks go to ``checks-<layout>.json``."""
     import torch
 
     from pyc10d.backends import watchdog
@@ -429,21 +443,47 @@ def _counted_process(folder: str | Path, layout: int) -> int:
         print("not under valgrind: run python -m pyc10d.bench.instructions", file=sys.stderr)
         return 2
     tag = f"L{layout} "
-    plant, turn = None, None
+    plant, price = None, None
     if spec["plant_fraction"]:  # each path's plant: F of its reference, in turns of _burn
-        turn = _burn_turn(cg, folder, tag)
-        plant = {n: math.ceil(spec["plant_fraction"] * spec["reference"][n] / turn) for n in spec["names"]}
-    checks = run_paths(spec["names"], spec["calls"], store_port=spec["store_port"], plant=plant, cg=cg, tag=tag)
+        price = _plant_price(cg, folder, tag)
+        fixed, turn = price
+        plant = {n: max(0, round((spec["plant_fraction"] * spec["reference"][n] - fixed) / turn))
+                 for n in spec["names"]}
+    checks: dict[str, dict[str, Any]] = {}
+    for prefix in dict.fromkeys(n.split(".", 1)[0] for n in spec["names"]):
+        mine = [n for n in spec["names"] if n.split(".", 1)[0] == prefix]
+        part = folder / f"checks-{layout}-{prefix}.json"
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                part.write_text(json.dumps(run_paths(mine, spec["calls"], store_port=spec["store_port"],
+                                                     plant=plant, cg=cg, tag=tag)))
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0:
+            return 1
+        checks.update(json.loads(part.read_text()))
     (folder / f"checks-{layout}.json").write_text(json.dumps({"checks": checks, "torch": torch.__version__,
-                                                              "burn_turn": turn}))
+                                                              "plant_price": price}))
     return 0
 
 
-def _burn_turn(cg: Callgrind, folder: Path, tag: str) -> float:
-    """Instructions per turn of ``_burn``, read back from this process's own dumps."""
-    _segments(cg, f"{tag}_burn_turn", lambda: _burn(1000), 20)
+def _plant_price(cg: Callgrind, folder: Path, tag: str) -> tuple[float, float]:
+    """What ``_slowed`` adds to a call: instructions of the wrapper with no turn, and per turn
+    of ``_burn``, read back from this process's own dumps."""
+    for label, call in (("bare", _nothing), ("wrapped", _slowed(_nothing, 0)),
+                        ("burnt", _slowed(_nothing, 1000))):
+        _loop(call, 100)
+        _segments(cg, f"{tag}_plant_{label}", call, 50)
     counts = _dumps(folder)
-    return (counts[f"{tag}_burn_turn 40"] - counts[f"{tag}_burn_turn 20"]) / (20 * 1000)
+    bare, wrapped, burnt = (_per_call(counts, f"{tag}_plant_{label}", 50) for label in ("bare", "wrapped", "burnt"))
+    return wrapped - bare, (burnt - wrapped) / 1000
 
 
 # -- reference and check ----------------------------------------------------------------------
