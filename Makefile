@@ -1,7 +1,8 @@
 # Developer entry points. Everything runs from the project's own virtualenv in .venv.
 #   make venv   create .venv (once; again when pyproject.toml changes)
 #   make demo   4-rank tour of the collectives, then a short DDP training run (2 ranks)
-#   make test   the test suite, one pytest-xdist worker per CPU (docs/testing.md)
+#   make test   the test suite, one pytest-xdist worker per CPU (docs/testing.md), without
+#               the cases marked full (the rest of the grids: make test-full runs those)
 #   make test-launchers  env:// under torchrun, Slurm and MPI environments, real mpirun
 #               (installs Debian's openmpi-bin first when mpirun is missing; needs root)
 #   make bench  benchmarks vs torch.distributed's gloo (BENCH_ARGS="..." passes options),
@@ -34,7 +35,7 @@
 #               bench beside torchft's Gloo classes (python -m pyc10d.bench.torchft_recovery)
 #   make test-worlds  the conformance families (tests/test_conformance.py) at every world size
 #               1-33 on threaded and tcp, and the logarithmic algorithms at 1-33 (make test:
-#               5 and 9 ranks); hours on 2 cores (WORLDS_TIMEOUT: seconds per launch)
+#               5 ranks; make test-full: 9); hours on 2 cores (WORLDS_TIMEOUT: seconds per launch)
 #   make exit-trials  programs that end right after their last collective (8 ranks as threads;
 #               2 ranks on shm, tcp and the plugin, forked and exec-started), EXIT_TRIALS (50)
 #               runs each: every one must exit 0 (make test runs each once, forked)
@@ -52,17 +53,25 @@ PROPERTY_EXAMPLES ?= 3000
 # A launch of 33 processes on 2 cores runs for minutes: the per-test limit of test-worlds.
 WORLDS_TIMEOUT ?= 1800
 
-.PHONY: venv demo test test-launchers test-worlds fuzz chaos bench bench-instructions torch-suite test-torchft \
+.PHONY: venv demo test test-full test-launchers test-worlds fuzz chaos bench bench-instructions torch-suite test-torchft \
 	chaos-torchft lint clean exit-trials
 
 venv: $(STAMP)
 
 # torch is pinned and installed first: an unpinned torch would pull a multi-GB CUDA build.
+# --no-compile: pip would compile every module of every package (torch's alone: ~28 of its
+# ~40 CPU-seconds); the modules the suite imports (a minority) are compiled on first import
+# instead: these targets let Python write bytecode (PYTHONDONTWRITEBYTECODE, below).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install torch==2.13.0
-	$(VENV)/bin/pip install -e '.[test,bench,dev]'
+	$(VENV)/bin/pip install --no-compile torch==2.13.0
+	$(VENV)/bin/pip install --no-compile -e '.[test,bench,dev]'
 	touch $@
+
+# Where PYTHONDONTWRITEBYTECODE is set (as on these machines), every interpreter would compile
+# each module it imports that has no bytecode yet: torch's and pyc10d's on every start (the
+# suite starts hundreds). Exported empty, it lets each module be compiled once, on first import.
+export PYTHONDONTWRITEBYTECODE =
 
 demo: $(STAMP)
 	$(PY) -m pyc10d.run --nproc-per-node 4 examples/demo.py
@@ -75,15 +84,19 @@ demo: $(STAMP)
 # tmux for the terminal test of pyc10d.status --watch, tcpdump and openssl for the TLS tests (a
 # sniffed wire, throwaway certificates), iptables for the silent-partition tests (each skips only
 # where its tool cannot be had).
-# compileall: the suite starts ~150 interpreters; where PYTHONDONTWRITEBYTECODE is set (as on
-# these machines) each would compile pyc10d's sources again (0.2-0.5 s of CPU apiece).
+# compileall: pyc10d's and the tests' bytecode before the workers start, compiled once in
+# parallel rather than by the first interpreters that import them.
 TEST_WORKERS ?= auto
 test: $(STAMP)
 	command -v tmux >/dev/null && command -v tcpdump >/dev/null && command -v iptables >/dev/null && \
 		command -v openssl >/dev/null || { apt-get update && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y tmux tcpdump iptables openssl; } || true
 	$(PY) -m compileall -q -j 0 pyc10d tests examples _pyc10d_autoload.py
-	$(PY) -m pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup -m "not full"
+
+# The rest of the grids whose short forms make test runs (tests marked full: tests/conftest.py).
+test-full: $(STAMP)
+	$(PY) -m pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup -m full
 
 # Open MPI from Debian when mpirun is absent: without it the real-mpirun tests skip.
 test-launchers: $(STAMP)
@@ -91,7 +104,7 @@ test-launchers: $(STAMP)
 		DEBIAN_FRONTEND=noninteractive apt-get install -y openmpi-bin; }
 	$(PY) -m pytest tests/test_launchers.py tests/test_run.py -p no:cacheprovider
 
-# Not part of `make test` (which samples 5 and 9 ranks); --durations=0 lists every launch's seconds.
+# Not part of `make test` (which samples 5 ranks, and make test-full 9); --durations=0 lists every launch's seconds.
 test-worlds: $(STAMP)
 	PYC10D_ALL_WORLDS=1 PYC10D_WORLDS_TIMEOUT=$(WORLDS_TIMEOUT) $(PY) -m pytest -p no:cacheprovider --durations=0 \
 		-n $(TEST_WORKERS) --dist loadgroup tests/test_conformance.py tests/algorithms/test_logarithmic.py
