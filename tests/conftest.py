@@ -13,6 +13,13 @@ are 142 tests and ~320 s of the suite's ~850 s of test time, so one worker would
 end to end while the other ran out of work; they have shared the two workers since, green.
 Measured on the 2-core machine: the suite is bound by CPU (3 workers: 447 s and 762 s of CPU
 against 2 workers: 440 s and 678 s), so spreading them costs nothing the CPU does not.
+
+Tests marked ``full`` are the rest of a grid whose short form runs in ``make test``: more
+world sizes, layouts, backends or families of a test that ``make test`` runs on a few of
+them, and the long forms of soaks and benchmark smoke runs. ``make test`` deselects them
+(``-m "not full"``: ~1,000 CPU-seconds on 2 cores, issue 47), ``make test-full`` runs only
+them. No test is ``full`` in every case: collecting the whole suite fails if a test function
+would not run at all in ``make test`` (``pytest_collection_modifyitems`` below).
 """
 
 from __future__ import annotations
@@ -26,6 +33,25 @@ def pytest_configure(config: pytest.Config) -> None:
         "interpreters: starts fresh Python interpreters (subprocess, launchers), each of "
         "which imports torch",
     )
+    config.addinivalue_line(
+        "markers",
+        "full: the rest of a grid (or the long form of a soak) whose short form runs in make "
+        "test; make test-full runs these",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test function keeps a case outside ``full``: ``make test`` runs every test."""
+    if [str(a).rstrip("/") for a in config.args] != ["tests"]:
+        return  # a chosen file or case: not the whole suite
+    cases: dict[str, list[bool]] = {}
+    for item in items:
+        cases.setdefault(item.nodeid.split("[")[0], []).append(item.get_closest_marker("full") is not None)
+    only_full = sorted(test for test, full in cases.items() if all(full))
+    if only_full:
+        raise pytest.UsageError("marked full in every case, so make test would not run them: "
+                                + ", ".join(only_full))
 
 
 # torch's DDP, FSDP2 and DTensor import torch._dynamo and torch.distributed.tensor lazily, on

@@ -30,6 +30,10 @@ pytestmark = pytest.mark.timeout(60)
 
 CHANNEL = (7 << 32) | 1
 WORLD_SIZES = [1, 2, 3, 4, 5]
+#: For the grids of dtypes x sizes x ops of the reductions and broadcasts: up to 3 ranks in make
+#: test (every algorithm, alone, in pairs and in an odd ring); 4 and 5 ranks, which cost most of
+#: the grid, in make test-full.
+WORLD_SIZES_SHORT = [1, 2, 3, pytest.param(4, marks=pytest.mark.full), pytest.param(5, marks=pytest.mark.full)]
 REDUCE_DTYPES = [torch.float64, torch.float16, torch.int32, torch.uint8, torch.bool, torch.complex64]
 MOVE_DTYPES = [torch.float32, torch.bfloat16, torch.int8, torch.bool, torch.complex64]
 
@@ -104,7 +108,7 @@ def block_sizes(ws: int, n: int) -> list[int]:
 
 
 # -- reductions -------------------------------------------------------------------------------
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@pytest.mark.parametrize("ws", WORLD_SIZES_SHORT)
 @pytest.mark.parametrize("algorithm", [algo.allreduce_direct, algo.allreduce_ring], ids=lambda f: f.__name__)
 def test_allreduce(algorithm: Callable, ws: int) -> None:
     for dtype in REDUCE_DTYPES:
@@ -143,7 +147,7 @@ def test_allreduce_bit_identical_on_every_rank(algorithm: Callable, ws: int) -> 
     torch.testing.assert_close(res[0], torch.stack(xs).sum(0))
 
 
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@pytest.mark.parametrize("ws", WORLD_SIZES_SHORT)
 @pytest.mark.parametrize("algorithm", [algo.reduce_direct, algo.reduce_ring], ids=lambda f: f.__name__)
 def test_reduce(algorithm: Callable, ws: int) -> None:
     for dtype in REDUCE_DTYPES:
@@ -190,7 +194,7 @@ def test_reduce_scatter(algorithm: Callable, ws: int) -> None:
 
 
 # -- data movement ----------------------------------------------------------------------------
-@pytest.mark.parametrize("ws", WORLD_SIZES)
+@pytest.mark.parametrize("ws", WORLD_SIZES_SHORT)
 @pytest.mark.parametrize("algorithm", [algo.broadcast_direct, algo.broadcast_scatter_allgather,
                                        algo.broadcast_chain], ids=lambda f: f.__name__)
 def test_broadcast(algorithm: Callable, ws: int) -> None:
@@ -334,8 +338,11 @@ def test_segments_split() -> None:
     assert len(segments.segments(t)) == 1
 
 
-@pytest.mark.parametrize("ws", [2, 3, 5])
-@pytest.mark.parametrize("seg_bytes", [1, 8, 24])
+# make test: one-element segments on 3 ranks and 24-byte ones (not a multiple of every
+# dtype's 8) on 2; make test-full: the rest of the 3 x 3 grid.
+@pytest.mark.parametrize(("ws", "seg_bytes"), [
+    pytest.param(ws, seg, id=f"{seg}-{ws}", marks=() if (seg, ws) in {(1, 3), (24, 2)} else pytest.mark.full)
+    for seg in (1, 8, 24) for ws in (2, 3, 5)])
 def test_multi_segment_pipelines(monkeypatch: pytest.MonkeyPatch, ws: int, seg_bytes: int) -> None:
     """Tiny SEGMENT_BYTES: every ring algorithm pipelines many segments per block."""
     monkeypatch.setattr(segments, "SEGMENT_BYTES", seg_bytes)

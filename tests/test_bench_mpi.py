@@ -40,7 +40,8 @@ def test_every_op_is_right_under_mpirun(tmp_path: Path) -> None:
         assert r["time_us"] > 0 and r["ops_per_loop"] >= 2
 
 
-@pytest.mark.parametrize("mode", ["loop", "spaced"])
+# make test: back-to-back loops, the default mode; the spaced loops' run is in make test-full.
+@pytest.mark.parametrize("mode", ["loop", pytest.param("spaced", marks=pytest.mark.full)])
 def test_the_check_fails_when_one_timed_call_does_nothing(tmp_path: Path, mode: str) -> None:
     recs = _ranks([str(HERE / "_mpi_noop_rank.py")], tmp_path / "noop.json", mode=mode)
     assert {r["mode"] for r in recs} == {mode}

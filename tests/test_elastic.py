@@ -16,8 +16,10 @@ pytestmark = pytest.mark.interpreters  # starts Python interpreters: see conftes
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "elastic_shrink.py"
 
 
+# make test: shm, what the example's default ("auto") picks on one host; tcp's rebuild is in
+# make test-full (a death on tcp is named in make test by test_chaos.py).
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
+@pytest.mark.parametrize("backend", [pytest.param("tcp", marks=pytest.mark.full), "shm"])
 def test_survivors_rebuild_and_finish_training(backend: str) -> None:
     proc = subprocess.run([sys.executable, str(EXAMPLE), "--world", "3", "--kill-rank", "1", "--kill-step", "3",
                            "--steps", "8", "--backend", backend], capture_output=True, text=True, timeout=50)

@@ -19,9 +19,15 @@ from pyc10d.transport import shm_segment
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# The two runs with torch's autoload on and off need interpreters of their own (it acts when
+# torch is imported). The TLS states do not: info reads the environment when it is called, as
+# a rank does, so make test reads them in this process ("here"); make test-full, from the
+# command as well ("command"), two more interpreters.
 @pytest.mark.interpreters
 @pytest.mark.timeout(60)
-def test_the_command_reports_this_install() -> None:
+@pytest.mark.parametrize("tls_from", ["here", pytest.param("command", marks=pytest.mark.full)])
+def test_the_command_reports_this_install(tls_from: str, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYC10D_AUTH_TOKEN": "s3cret-value", "PYC10D_STUCK_WARN_S": "7"}
     env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
     out = subprocess.run([sys.executable, "-m", "pyc10d.info", "--json"], env=env, capture_output=True,
@@ -40,16 +46,26 @@ def test_the_command_reports_this_install() -> None:
     assert got["security"]["variables"]["PYC10D_STUCK_WARN_S"] == "7"
     assert got["security"]["tls"] == {"state": "off"}
     assert got["security"]["peer_timeout_s"] == 15.0 and got["security"]["bind"] == "auto"
-    half = subprocess.run([sys.executable, "-m", "pyc10d.info", "--json"], capture_output=True, text=True,
-                          timeout=50, env={**env, "PYC10D_TLS_CERT": __file__, "PYC10D_TLS_CA": "/nonexistent/ca.pem",
-                                           "PYC10D_PEER_TIMEOUT_S": "0"})
-    sec = json.loads(half.stdout)["security"]
+
+    def info_with(extra: dict[str, str], *args: str) -> str:
+        """What ``python -m pyc10d.info *args`` prints with ``extra`` in its environment."""
+        if tls_from == "command":
+            return subprocess.run([sys.executable, "-m", "pyc10d.info", *args], capture_output=True, text=True,
+                                  timeout=50, env={**env, **extra}).stdout
+        with monkeypatch.context() as m:
+            for name, value in {**env, **extra}.items():
+                m.setenv(name, value)
+            capsys.readouterr()
+            assert info.main(list(args)) == 0
+            return capsys.readouterr().out
+
+    half = info_with({"PYC10D_TLS_CERT": __file__, "PYC10D_TLS_CA": "/nonexistent/ca.pem",
+                      "PYC10D_PEER_TIMEOUT_S": "0"}, "--json")
+    sec = json.loads(half)["security"]
     assert sec["tls"]["state"] == "refused" and "PYC10D_TLS_KEY" in sec["tls"]["error"], sec  # as a rank would
     assert sec["peer_timeout_s"] is None
-    full = subprocess.run([sys.executable, "-m", "pyc10d.info"], capture_output=True, text=True, timeout=50,
-                          env={**env, "PYC10D_TLS_CERT": __file__, "PYC10D_TLS_KEY": __file__,
-                               "PYC10D_TLS_CA": "/nonexistent/ca.pem"})
-    assert "tls         on: mutual TLS" in full.stdout and "MISSING files: PYC10D_TLS_CA" in full.stdout, full.stdout
+    full = info_with({"PYC10D_TLS_CERT": __file__, "PYC10D_TLS_KEY": __file__, "PYC10D_TLS_CA": "/nonexistent/ca.pem"})
+    assert "tls         on: mutual TLS" in full and "MISSING files: PYC10D_TLS_CA" in full, full
     text = subprocess.run([sys.executable, "-m", "pyc10d.info"], env={**env, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
                           capture_output=True, text=True, timeout=50)
     assert text.returncode == 0, text.stderr

@@ -113,9 +113,14 @@ def _check(reports: dict, backend: str) -> None:
     assert all(rep["count"] > 0 for rep in reports.values())
 
 
+#: ``make test``: every group on ``auto`` (hierarchical) and the first on flat tcp; tcp's
+#: other groups are ``full`` (``make test-full``).
+TWO_BY_TWO = [pytest.param(b, g, id=f"{b}-{g}", marks=[pytest.mark.full] if b == "tcp" and i else [])
+              for b in ("auto", "tcp") for i, g in enumerate(GROUPS)]
+
+
 @pytest.mark.timeout(45)
-@pytest.mark.parametrize("group", list(GROUPS))
-@pytest.mark.parametrize("backend", ["auto", "tcp"])
+@pytest.mark.parametrize(("backend", "group"), TWO_BY_TWO)
 def test_two_hosts_of_two(hosts: Hosts, port: int, tmp_path: Path, backend: str, group: str) -> None:
     """Every collective on 2 hosts x 2 ranks; ``auto`` must have chosen hierarchical."""
     reports = _run(hosts, [0, 0, 1, 1], backend, GROUPS[group], tmp_path, timeout=35, port=port)
@@ -156,7 +161,7 @@ def test_dead_host_is_named(hosts: Hosts, port: int, tmp_path: Path) -> None:
     assert took < bound(10), took
 
 
-@pytest.mark.timeout(45)
+@pytest.mark.timeout(55)
 def test_benchmark_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``python -m pyc10d.bench.multihost`` at a tiny scale: a JSON record for both backends."""
     from pyc10d.bench import multihost
@@ -187,7 +192,7 @@ def _all_succeed(hs: Hosts, procs: list, out: Path, timeout: float) -> dict[int,
 
 
 @pytest.mark.timeout(55)
-@pytest.mark.parametrize("api", ["pyc10d", "plugin"])
+@pytest.mark.parametrize("api", [pytest.param("pyc10d", marks=pytest.mark.full), "plugin"])
 def test_torchs_torchrun_across_hosts(hosts: Hosts, port: int, tmp_path: Path, api: str) -> None:
     """torch's own launcher on two hosts of two ranks: its agent on h0 serves torch's store,
     which pyc10d's ranks join (``api="pyc10d"``), or an unchanged torch program runs on

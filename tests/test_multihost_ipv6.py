@@ -65,7 +65,9 @@ def test_hosts_have_ipv6_addresses_only(hosts: Hosts) -> None:
 
 
 @pytest.mark.timeout(50)
-@pytest.mark.parametrize("backend, how", [("tcp", "tcp"), ("hier", "env"), ("torch:pyc10d_tcp", "tcp")])
+@pytest.mark.parametrize("backend, how", [  # make test: the plugin on tcp; make test-full the others
+    pytest.param("tcp", "tcp", marks=pytest.mark.full), pytest.param("hier", "env", marks=pytest.mark.full),
+    ("torch:pyc10d_tcp", "tcp")])
 def test_families_on_ipv6_only_hosts(hosts: Hosts, tmp_path: Path, backend: str, how: str) -> None:
     port = next(_PORTS)
     master = f"[{hosts[0].addr}]:{port}" if how == "tcp" else f"env://{hosts[0].addr}:{port}"

@@ -33,8 +33,15 @@ def _rank_body(rank: int, world_size: int, case: str) -> dict[str, torch.Tensor]
     return _train_ddp(rank, world_size, make, shape, **kwargs)
 
 
-@pytest.mark.parametrize("backend", ["tcp", "shm"])
-@pytest.mark.parametrize("case", list(CASES))
+#: The (case, backend) pairs make test runs: every case once, each backend at least once; the
+#: rest of the grid runs in make test-full.
+SHORT = {("mlp", "tcp"), ("mlp_unused_as_view", "shm"), ("convnet_syncbn", "shm")}
+
+
+@pytest.mark.parametrize(("backend", "case"), [
+    pytest.param(backend, case, id=f"{case}-{backend}",
+                 marks=() if (case, backend) in SHORT else pytest.mark.full)
+    for case in CASES for backend in ("tcp", "shm")])
 def test_equivalence_across_processes(backend: str, case: str) -> None:
     make, shape, _ = CASES[case]
     world_size = 2 if case != "convnet_syncbn" else 3

@@ -13,8 +13,11 @@ import pytest
 pytestmark = [pytest.mark.timeout(60), pytest.mark.interpreters]
 
 
-def test_ddp_bench_smoke(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "pyc10d.bench.ddp", "--impls", "pyc10d-shm,pyc10d-tcp", "--world-sizes", "2",
+# One implementation per driver call: half the work of the two in one call, which ran into the
+# driver's 50 s under load. pyc10d-tcp's run is in make test-full.
+@pytest.mark.parametrize("impl", ["pyc10d-shm", pytest.param("pyc10d-tcp", marks=pytest.mark.full)])
+def test_ddp_bench_smoke(tmp_path: Path, impl: str) -> None:
+    cmd = [sys.executable, "-m", "pyc10d.bench.ddp", "--impls", impl, "--world-sizes", "2",
            "--steps", "2", "--warmup", "1", "--rounds", "1", "--dim", "32", "--layers", "1",
            "--context", "16", "--out", str(tmp_path)]
     proc = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
@@ -22,7 +25,7 @@ def test_ddp_bench_smoke(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (path,) = tmp_path.glob("ddp-*.json")
     records = json.loads(path.read_text())["records"]
-    assert {r["impl"] for r in records} == {"pyc10d-shm", "pyc10d-tcp"}
+    assert {r["impl"] for r in records} == {impl}
     for r in records:
         assert r["world_size"] == 2 and r["step_ms"] > 0 and 0 <= r["hidden"] <= 1
         assert r["checked"] and r["steps_per_block"] == 2 and len(r["times_s"]["step"]) == 3

@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.interpreters]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("backend", ["gloo", "shm"])
+# make test: the example's default backend (gloo); shm's run is in make test-full.
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("shm", marks=pytest.mark.full)])
 def test_example_trains(backend: str) -> None:
     cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "2", "--start-method", "fork",
            "--master-port", str(free_port()),
