@@ -693,10 +693,10 @@ FAMILIES = {
     "ring_everywhere": (fam_ring_everywhere, RING_EVERYWHERE),
 }
 WORLD_SIZES = [1, 2, 3, 4]
-#: ``make test`` runs shm at 1, 2 and 4 ranks and tcp at 1, 2 and 3 (every family at an odd and
-#: at a power-of-two size on one of the two process backends, threaded at all four); the other
-#: two (shm at 3, tcp at 4: ~50 CPU-seconds) are ``full`` (``make test-full``).
-SMALL_FULL = {("shm", 3), ("tcp", 4)}
+#: ``make test`` runs shm at 1, 2 and 4 ranks and tcp at 1 and 2 (threaded at all four; tcp
+#: at 5 below, and across namespace hosts in test_multihost); shm at 3 and tcp at 3 and 4
+#: (~70 CPU-seconds) are ``full`` (``make test-full``).
+SMALL_FULL = {("shm", 3), ("tcp", 3), ("tcp", 4)}
 SMALL_CASES = [pytest.param(b, ws, f, id=f"{b}-ws{ws}-{f}",
                             marks=[pytest.mark.full] if (b, ws) in SMALL_FULL else [])
                for b in BACKENDS for ws in WORLD_SIZES for f in FAMILIES]

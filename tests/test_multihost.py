@@ -113,9 +113,9 @@ def _check(reports: dict, backend: str) -> None:
     assert all(rep["count"] > 0 for rep in reports.values())
 
 
-#: ``make test``: every group on ``auto`` (hierarchical) and the first on flat tcp; tcp's
-#: other groups are ``full`` (``make test-full``).
-TWO_BY_TWO = [pytest.param(b, g, id=f"{b}-{g}", marks=[pytest.mark.full] if b == "tcp" and i else [])
+#: ``make test``: every group on ``auto`` (hierarchical); flat tcp's are ``full`` (``make
+#: test-full``; flat tcp across hosts also runs in test_multihost_ipv6 and test_multihost_lanes).
+TWO_BY_TWO = [pytest.param(b, g, id=f"{b}-{g}", marks=[pytest.mark.full] if b == "tcp" else [])
               for b in ("auto", "tcp") for i, g in enumerate(GROUPS)]
 
 

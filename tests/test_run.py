@@ -385,7 +385,7 @@ AFFINITY = """
 """
 
 
-@pytest.mark.parametrize("start", ["exec", "fork"])
+@pytest.mark.parametrize("start", ["exec", pytest.param("fork", marks=pytest.mark.full)])
 def test_bind_to_core_pins_each_local_rank_to_its_own_cpu(tmp_path: Path, start: str) -> None:
     """``--bind-to core`` (as mpirun binds two ranks): rank i on the i-th CPU of the launcher's
     set; unpinned by default, and with more ranks than CPUs (said on stderr)."""
