@@ -17,17 +17,25 @@ against 2 workers: 440 s and 678 s), so spreading them costs nothing the CPU doe
 Tests marked ``full`` are the rest of a grid whose short form runs in ``make test``: more
 world sizes, layouts, backends or families of a test that ``make test`` runs on a few of
 them, and the long forms of soaks and benchmark smoke runs. ``make test`` deselects them
-(``-m "not full"``: ~1,000 CPU-seconds on 2 cores, issue 47), ``make test-full`` runs only
+(``-m "not full"``; issue 47 asks at most 1,000 CPU-seconds of it), ``make test-full`` runs only
 them. No test is ``full`` in every case: collecting the whole suite fails if a test function
 would not run at all in ``make test`` (``pytest_collection_modifyitems`` below).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+
+from pyc10d.testing import reruns
+
+#: The session's config (the terminal reporter's stats count the documented reruns).
+_CONFIG: list[pytest.Config] = []
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _CONFIG[:] = [config]
     config.addinivalue_line(
         "markers",
         "interpreters: starts fresh Python interpreters (subprocess, launchers), each of "
@@ -52,6 +60,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if only_full:
         raise pytest.UsageError("marked full in every case, so make test would not run them: "
                                 + ", ".join(only_full))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A test during which a harness reran a peer's test (``pyc10d.testing.reruns``) carries
+    each rerun on its report, to the process that prints the summary."""
+    outcome = yield
+    if call.when == "call" and reruns.RERUNS:
+        outcome.get_result().user_properties.extend(("documented rerun", r) for r in reruns.RERUNS)
+        reruns.RERUNS.clear()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Counted in pytest's closing line ("N documented reruns"): a pass that came from a rerun
+    is never silent."""
+    n = sum(1 for name, _ in report.user_properties if name == "documented rerun")
+    if n and report.when == "call":
+        reporter = _CONFIG[0].pluginmanager.get_plugin("terminalreporter") if _CONFIG else None
+        if reporter is not None:
+            reporter.stats.setdefault("documented reruns", []).extend([report] * n)
 
 
 # torch's DDP, FSDP2 and DTensor import torch._dynamo and torch.distributed.tensor lazily, on

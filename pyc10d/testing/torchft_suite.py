@@ -44,6 +44,7 @@ from torchft.manager import Manager as _Manager
 from torchft.process_group import ProcessGroup, ProcessGroupBabyGloo, ProcessGroupGloo
 
 from ..integrations.torchft import ProcessGroupPyc10d
+from . import reruns
 
 RESULTS = Path("benchmarks/results/torchft")
 
@@ -151,6 +152,7 @@ def manager_case(group: str) -> type[unittest.TestCase]:
             except AssertionError as first:
                 if "not less than" not in str(first):
                     raise
+                reruns.note(self.id(), "its first quorum took over its 1 s")
                 super().test_quorum_timeout()
 
         def test_ddp_skip_init_sync(self) -> None:
@@ -170,6 +172,7 @@ def manager_case(group: str) -> type[unittest.TestCase]:
                     first = self._inits[:2]
                     if attempt == 2 or len(first) < 2 or torch.equal(first[0], first[1]):
                         raise
+                    reruns.note(self.id(), "its replicas started from different weights")
 
     Case.__name__ = Case.__qualname__ = f"ManagerIntegTest_{group}"
     return Case

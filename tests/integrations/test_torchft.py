@@ -69,8 +69,15 @@ def test_skip_init_sync_reruns_only_a_run_whose_replicas_started_apart() -> None
             case = manager_case("pyc10d")("test_ddp_skip_init_sync")
             return unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(case), built[0]
 
-    race = False
+    from pyc10d.testing import reruns
+
+    race, before = False, len(reruns.RERUNS)
     result, n = suite_with(forced=True)
     assert result.wasSuccessful() and n == 4, (n, result.failures)
+    # the rerun is noted (make test's closing line counts them); this one was forced, not seen
+    forced = reruns.RERUNS[before:]
+    del reruns.RERUNS[before:]
+    assert len(forced) == 1 and "test_ddp_skip_init_sync: its replicas started from different weights" in forced[0]
     result, n = suite_with(forced=False)
     assert result.wasSuccessful() and n == 2, (n, result.failures)
+    assert len(reruns.RERUNS) == before
