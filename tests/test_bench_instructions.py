@@ -20,9 +20,13 @@ import pytest
 from pyc10d.bench import instructions
 
 REFERENCE = Path(__file__).resolve().parents[1] / instructions.REFERENCE
-#: Calls per segment in the guard: the counts are exact per call, so a few dozen do (the
-#: reference is counted with 500); the cost is torch's import under valgrind, not the calls.
-GUARD_CALLS = 40
+#: Calls per segment in the guard (the reference is counted with 500). The counts are exact, but
+#: a path may do something every few dozen calls (functional.all_reduce: ~240k instructions,
+#: measured), which lands in one segment and not the other: at 40 calls that moved the path
+#: 5.3% between two counts in one process (a fresh-clone-style run failed the plant's size
+#: check, 1.153); at 200 every path's plant read 1.094-1.101. The cost is mostly torch's import
+#: under valgrind (27 s): the guard took 65 s CPU at 40 calls, 74 s at 200.
+GUARD_CALLS = 200
 
 
 @pytest.fixture
@@ -114,5 +118,5 @@ def test_the_guard_passes_now_and_fails_a_planted_10_percent_slowdown() -> None:
     table, grew = instructions.compare(result["planted"], result["paths"], instructions.TOLERANCE)
     assert grew == list(instructions.PATHS), f"a planted 10% slowdown passed:\n{table}"
     for name in instructions.PATHS:  # the plant is what it says: +10% of the reference
-        assert 1.08 < result["planted"][name] / result["paths"][name] < 1.12, (name, result)
+        assert 1.07 < result["planted"][name] / result["paths"][name] < 1.13, (name, result)
     print(f"guard: {time.monotonic() - t0:.0f} s wall, {result['cpu_s']} s CPU under valgrind\n{table}")

@@ -62,8 +62,28 @@ def _is_sequence(x: Any) -> bool:
     return isinstance(x, Sequence) and not isinstance(x, (str, bytes, bytearray))
 
 
+def _identical(actual: Any, expected: Any) -> bool:
+    """Whether two plain dense tensors (or two ints) are equal element for element, with the
+    same dtype, shape and device: such a pair passes ``assert_close`` under any tolerance, so
+    it need not be asked. ``assert_close`` costs ~250 us a call; the seeds' stress tests make
+    4,000 calls per rank (measured: ~4 CPU-seconds of one test's 8). Anything else (NaN, other
+    dtypes, sparse, subclasses, floats) goes the full way."""
+    if type(actual) is torch.Tensor and type(expected) is torch.Tensor:
+        return (
+            actual.layout == torch.strided == expected.layout
+            and actual.dtype == expected.dtype
+            and actual.shape == expected.shape
+            and actual.device == expected.device
+            and not actual.is_quantized
+            and bool(torch.equal(actual, expected))
+        )
+    return type(actual) is int and type(expected) is int and actual == expected
+
+
 def _compare(actual: Any, expected: Any, path: str, opts: dict[str, Any]) -> None:
     """Raise ``AssertionError`` describing the first difference found."""
+    if _identical(actual, expected):
+        return
     actual, expected = _as_tensor_if_array(actual), _as_tensor_if_array(expected)
     where = f" at {path}" if path else ""
     a_tensor, e_tensor = isinstance(actual, torch.Tensor), isinstance(expected, torch.Tensor)

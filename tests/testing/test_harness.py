@@ -14,6 +14,7 @@ import time
 import types
 import unittest
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -226,6 +227,29 @@ class AssertEqualTest(TestCase):
         with self.assertRaises(AssertionError):
             self.assertEqual([torch.tensor([1])], [torch.tensor([1]), torch.tensor([2])])
         self.assertNotEqual([torch.zeros(2)], [torch.ones(2)])
+
+    def test_identical_tensors_skip_assert_close_and_nothing_else_does(self) -> None:
+        # The fast path (identical dense tensors, equal ints) must not let a difference
+        # through: with assert_close made to fail everything, only identical pairs pass.
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise AssertionError("assert_close was asked")
+
+        with mock.patch.object(torch.testing, "assert_close", refuse):
+            self.assertEqual(torch.tensor([3, 4]), torch.tensor([3, 4]))
+            self.assertEqual(7, 7)
+            for first, second in [
+                (torch.tensor([3]), torch.tensor([4])),
+                (torch.tensor([3]), torch.tensor([3.0])),
+                (torch.ones(2), torch.ones(3)),
+                (torch.tensor([float("nan")]), torch.tensor([float("nan")])),
+                (1.5, 1.5),
+                (True, 1),
+            ]:
+                with self.assertRaisesRegex(AssertionError, "assert_close was asked"):
+                    self.assertEqual(first, second)
+        self.assertEqual(torch.tensor([float("nan")]), torch.tensor([float("nan")]))
+        with self.assertRaises(AssertionError):
+            self.assertEqual(torch.tensor([3]), torch.tensor([4]))
 
     def test_message(self) -> None:
         with self.assertRaisesRegex(AssertionError, "Mismatch in iteration 7"):
