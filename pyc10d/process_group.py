@@ -275,10 +275,6 @@ def _round_robin_process_groups(groups: list[ProcessGroup]) -> ProcessGroup:
     return RoundRobinProcessGroup(groups)
 
 
-def is_process_group_like(obj: Any) -> bool:
-    return isinstance(obj, ProcessGroup) or hasattr(obj, "allreduce")
-
-
 __all__ = [
     "Backend", "ProcessGroup", "ProcessGroupGloo", "RoundRobinProcessGroup",
     "_round_robin_process_groups", "make_engine", "register_factory", "torch",

@@ -52,11 +52,14 @@ def pytest_configure(config: pytest.Config) -> None:
 #: rank costs its worker's page tables twice (copied at fork, torn down at exit): measured in a
 #: make test run (a tracking plugin), the two workers' page tables grew from 1.2 MB to 1.8 and
 #: 2.9 MB, and a seed port's 4-rank test cost 0.31 CPU-s past that against 0.23 before (median
-#: of ~50 each, 0.25 against 0.18 of it system time). torchft's tests leave its Rust runtimes'
-#: threads (+520 mappings, +1.25 MB of page tables), the 1,024-rank simulation its heap
-#: (+0.5 MB), the compiled functional seeds inductor's modules. Everything else keeps its order.
+#: of ~50 each, 0.25 against 0.18 of it system time). Growth per file, in kB of page tables
+#: over a run: torchft's tests ~1,400 (its Rust runtimes' threads: +600 mappings), the threaded
+#: backend's random collectives ~460 and the 1,024-rank simulation ~400, the algorithms on
+#: threaded ranks ~220 and ~140, the compiled functional seeds, the timeline and the floor
+#: benchmark ~60-120 each. Everything else keeps its order.
 RUN_LAST = ("tests/integrations/test_torchft.py", "tests/integrations/test_torchft_pg.py", "tests/sim/",
-            "tests/seeds/test_functional_api.py")
+            "tests/seeds/test_functional_api.py", "tests/backends/test_threaded.py", "tests/test_algorithms.py",
+            "tests/algorithms/test_logarithmic.py", "tests/test_timeline.py", "tests/test_bench_floor.py")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -93,6 +96,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         reporter = _CONFIG[0].pluginmanager.get_plugin("terminalreporter") if _CONFIG else None
         if reporter is not None:
             reporter.stats.setdefault("documented reruns", []).extend([report] * n)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Each documented rerun by name, above the closing line that counts them."""
+    reports = terminalreporter.stats.get("documented reruns", [])
+    if reports:
+        terminalreporter.section("documented reruns")
+        for why in dict.fromkeys(r for rep in reports for name, r in rep.user_properties
+                                 if name == "documented rerun"):
+            terminalreporter.write_line(why)
 
 
 # torch's DDP, FSDP2 and DTensor import torch._dynamo and torch.distributed.tensor lazily, on

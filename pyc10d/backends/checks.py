@@ -57,8 +57,3 @@ def check_single(opname: str, tensors: list, what: str = "tensor list") -> None:
     if len(tensors) != 1:
         fail(opname, f"requires a single-element {what}")
 
-
-def check_dense(opname: str, tensors: list[torch.Tensor]) -> None:
-    for t in tensors:
-        if t.layout != torch.strided:
-            fail(opname, f"unsupported layout {t.layout}")
