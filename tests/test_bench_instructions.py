@@ -20,12 +20,13 @@ import pytest
 from pyc10d.bench import instructions
 
 REFERENCE = Path(__file__).resolve().parents[1] / instructions.REFERENCE
-#: Calls per segment in the guard (the reference is counted with 500). The counts are exact, but
-#: a path may do something every few dozen calls (functional.all_reduce: ~240k instructions,
-#: measured), which lands in one segment and not the other: at 40 calls that moved the path
-#: 5.3% between two counts in one process (a fresh-clone-style run failed the plant's size
-#: check, 1.153); at 200 every path's plant read 1.094-1.101. The cost is mostly torch's import
-#: under valgrind (27 s): the guard took 65 s CPU at 40 calls, 74 s at 200.
+#: Calls per segment in the guard (the reference is counted with 500). At 40 calls two counts
+#: of functional.all_reduce in one process differed by 5.3% (its plant read 1.153x the clean
+#: count and failed the size check below in a make test run), and one count at 40 read 112.3k
+#: against 114.0k at 200 (the same layout, deterministic); at 200 every path's plant read
+#: 1.094-1.101. Why short segments drift is not found: dumped after every single call, 250
+#: calls of it cost 129.6-130.1k each (the first 133k), no outlier. The cost is mostly torch's
+#: import under valgrind (27 s): the guard took 65 s CPU at 40 calls, 74 s at 200.
 GUARD_CALLS = 200
 
 
