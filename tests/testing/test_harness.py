@@ -244,10 +244,12 @@ class AssertEqualTest(TestCase):
                 (torch.tensor([float("nan")]), torch.tensor([float("nan")])),
                 (1.5, 1.5),
                 (True, 1),
+                (torch.empty(2, device="meta"), torch.empty(2, device="meta")),
             ]:
                 with self.assertRaisesRegex(AssertionError, "assert_close was asked"):
                     self.assertEqual(first, second)
         self.assertEqual(torch.tensor([float("nan")]), torch.tensor([float("nan")]))
+        self.assertEqual(torch.empty(2, device="meta"), torch.empty(2, device="meta"))
         with self.assertRaises(AssertionError):
             self.assertEqual(torch.tensor([3]), torch.tensor([4]))
 
