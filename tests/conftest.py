@@ -30,12 +30,8 @@ import pytest
 
 from pyc10d.testing import reruns
 
-#: The session's config (the terminal reporter's stats count the documented reruns).
-_CONFIG: list[pytest.Config] = []
-
 
 def pytest_configure(config: pytest.Config) -> None:
-    _CONFIG[:] = [config]
     config.addinivalue_line(
         "markers",
         "interpreters: starts fresh Python interpreters (subprocess, launchers), each of "
@@ -88,23 +84,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         reruns.RERUNS.clear()
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Counted in pytest's closing line ("N documented reruns"): a pass that came from a rerun
-    is never silent."""
-    n = sum(1 for name, _ in report.user_properties if name == "documented rerun")
-    if n and report.when == "call":
-        reporter = _CONFIG[0].pluginmanager.get_plugin("terminalreporter") if _CONFIG else None
-        if reporter is not None:
-            reporter.stats.setdefault("documented reruns", []).extend([report] * n)
-
-
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Each documented rerun by name, above the closing line that counts them."""
-    reports = terminalreporter.stats.get("documented reruns", [])
-    if reports:
+    """Each documented rerun by name, and their number in pytest's closing line ("N documented
+    reruns", which counts this stats key: one entry per rerun, the test's report, since other
+    plugins read every stats entry as a report): a pass that came from a rerun is never silent.
+    Read from the reports pytest keeps (with xdist, the workers', their properties with them)."""
+    seen = [(rep, why) for reports in terminalreporter.stats.values() for rep in reports
+            for name, why in getattr(rep, "user_properties", ()) if name == "documented rerun"]
+    if seen:
+        terminalreporter.stats["documented reruns"] = [rep for rep, _ in seen]
         terminalreporter.section("documented reruns")
-        for why in dict.fromkeys(r for rep in reports for name, r in rep.user_properties
-                                 if name == "documented rerun"):
+        for why in dict.fromkeys(why for _, why in seen):
             terminalreporter.write_line(why)
 
 
