@@ -15,6 +15,9 @@
 #               exit 1 naming each path over 5% above benchmarks/instructions-reference.json
 #               (minutes; make test runs a smaller guard); UPDATE=1 rewrites the reference
 #               instead, for a reviewed commit that says why
+#   make test-instructions  the instruction guard of make test over every path of
+#               bench-instructions instead of one path of each layer (~80 CPU-s; .ci/run runs
+#               it after make test)
 #   make fuzz   100,000 malformed frames at a live TCPStore server and 100,000 garbage
 #               handshakes at the tcp transport's listener (and bad frames from its peers)
 #               while good clients keep working; prints frames, time and peak memory;
@@ -53,7 +56,7 @@ PROPERTY_EXAMPLES ?= 3000
 # A launch of 33 processes on 2 cores runs for minutes: the per-test limit of test-worlds.
 WORLDS_TIMEOUT ?= 1800
 
-.PHONY: venv demo test test-full test-launchers test-worlds fuzz chaos bench bench-instructions torch-suite test-torchft \
+.PHONY: venv demo test test-full test-launchers test-worlds fuzz chaos bench bench-instructions test-instructions torch-suite test-torchft \
 	chaos-torchft lint clean exit-trials
 
 venv: $(STAMP)
@@ -131,6 +134,12 @@ bench-instructions: $(STAMP)
 		DEBIAN_FRONTEND=noninteractive apt-get install -y valgrind; }
 	$(PY) -m pyc10d.bench.instructions --calls $(INSTRUCTIONS_CALLS) \
 		$(if $(UPDATE),--write-reference,--check) benchmarks/instructions-reference.json
+
+# The guard's test (tests/test_bench_instructions.py) over every path: make test runs six.
+test-instructions: $(STAMP)
+	command -v valgrind >/dev/null || { apt-get update && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y valgrind; }
+	$(PY) -m pytest tests/test_bench_instructions.py -p no:cacheprovider -m full
 
 chaos: $(STAMP)
 	$(PY) tests/chaos.py --trials 500

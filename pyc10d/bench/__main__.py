@@ -15,7 +15,6 @@ import importlib
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench import jobs, metrics, report, timing
-from pyc10d.bench.launch import free_port
+from pyc10d.bench.launch import finish_job, free_port, start_job
 from pyc10d.bench.worker import in_threads
 from pyc10d.transport.cpus import usable_cpus
 
@@ -81,6 +80,7 @@ def run_job(backend: str, world_size: int, ops: list[str], sizes: list[int], ite
     if dtype != "float32":  # (the MPI worker, float32 only, is never asked for another)
         job += ["--dtype", dtype]
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    module = ""  # a Python job: started by launch.start_job
     if backend in report.C_PEERS:  # the C reference, under Open MPI's own launcher
         # mpi-tcp: the same ranks forced onto Open MPI's TCP transport (no shared memory), the
         # reference for pyc10d's tcp rows: the same transport in C.
@@ -89,26 +89,14 @@ def run_job(backend: str, world_size: int, ops: list[str], sizes: list[int], ite
                "pyc10d.bench.mpi_worker", *job]
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     elif in_threads(backend):  # one process, its ranks are threads
-        cmd = [sys.executable, "-m", "pyc10d.bench.worker", "--world-size", str(world_size), *job]
+        module, args = "pyc10d.bench.worker", ["--world-size", str(world_size), *job]
     else:
-        cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", str(world_size),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-               "--term-timeout", "3", "--start-method", "fork", "-m", "pyc10d.bench.worker", *job]
-    proc = subprocess.Popen(cmd, env=env)
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # the launcher stops its ranks
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        module, args = "pyc10d.run", ["--nproc-per-node", str(world_size), "--master-addr", "127.0.0.1",
+                                      "--master-port", str(free_port()), "--term-timeout", "3",
+                                      "--start-method", "fork", "-m", "pyc10d.bench.worker", *job]
+    code = finish_job(start_job(module, args, env) if module else subprocess.Popen(cmd, env=env), timeout)
+    if code is None:
         return [], f"timed out after {timeout:.0f} s"
-    except BaseException:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait()
-        raise
     if code != 0 or not out.exists():
         return [], f"exit code {code}"
     return report.read_json(out), None

@@ -121,16 +121,17 @@ class Host:
         self.procs.append(proc)
         return proc
 
-    def spawn_script(self, script: str, args: Sequence[str], log: str) -> Any:
-        """Run the Python file ``script`` with ``args`` on this host, as ``spawn`` would run
-        ``python script args`` (own network, hostname, /dev/shm, pids; stdout and stderr to
-        the file ``log``), but forked from this process instead of a fresh interpreter: torch
-        and pyc10d are imported already (a fresh interpreter spends ~2.5 s of CPU importing
-        torch). Returns a ``Popen``-like handle (``poll``, ``wait``, ``send_signal``, ``kill``);
-        ``kill()`` takes the host's processes down as for ``spawn``."""
+    def spawn_script(self, script: str, args: Sequence[str], log: str, *, module: bool = False) -> Any:
+        """Run the Python file ``script`` (the module ``script`` with ``module=True``) with
+        ``args`` on this host, as ``spawn`` would run ``python script args`` (own network,
+        hostname, /dev/shm, pids; stdout and stderr to the file ``log``), but forked from this
+        process instead of a fresh interpreter: torch and pyc10d are imported already (a fresh
+        interpreter spends ~2.5 s of CPU importing torch). Returns a ``Popen``-like handle
+        (``poll``, ``wait``, ``send_signal``, ``kill``); ``kill()`` takes the host's processes
+        down as for ``spawn``."""
         from ..run_fork import start
 
-        proc = start([script, *args], False, dict(os.environ), lambda: self._enter(log))
+        proc = start([script, *args], module, dict(os.environ), lambda: self._enter(log))
         self.procs.append(proc)
         return proc
 
