@@ -28,8 +28,9 @@ import os
 import socket
 
 from .errors import DistNetworkError
+from .settings import AUTH_TOKEN
 
-ENV = "PYC10D_AUTH_TOKEN"
+ENV = AUTH_TOKEN.name
 MAGIC = b"PYC10DA1"
 _NONCE = 32
 _MAC = hashlib.sha256().digest_size
@@ -48,7 +49,7 @@ class NotAuthenticating(AuthError):
 
 def token() -> bytes | None:
     """The shared secret, read from the environment at each connection (None: auth off)."""
-    value = os.environ.get(ENV)
+    value = AUTH_TOKEN.get()
     return value.encode() if value else None
 
 

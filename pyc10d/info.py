@@ -19,10 +19,12 @@ import platform
 import sys
 from typing import Any
 
+from . import settings
+
 #: The names pyc10d registers with ``torch.distributed`` (see ``_pyc10d_autoload.NAMES``).
 TORCH_NAMES = ("pyc10d", "pyc10d_shm", "pyc10d_tcp")
 #: Variables that change pyc10d's behaviour; their values are shown, except the secret's.
-SECRET_VARS = ("PYC10D_AUTH_TOKEN",)
+SECRET_VARS = (settings.AUTH_TOKEN.name,)
 OTHER_VARS = ("GLOO_SOCKET_IFNAME", "MASTER_ADDR", "MASTER_PORT", "TORCH_DEVICE_BACKEND_AUTOLOAD")
 
 
@@ -124,12 +126,11 @@ def _peer_timeout() -> Any:
 
 
 def security() -> dict[str, Any]:
-    from .transport import cpus
 
-    return {"auth_token_set": bool(os.environ.get("PYC10D_AUTH_TOKEN")),
+    return {"auth_token_set": bool(settings.AUTH_TOKEN.get()),
             "tls": _tls(),
             "peer_timeout_s": _peer_timeout(),  # None: silent-peer detection off
-            "bind": os.environ.get(cpus.BIND_ENV, "auto"),
+            "bind": settings.BIND.get(),
             "variables": {k: ("<set>" if k in SECRET_VARS else v) for k, v in sorted(os.environ.items())
                           if k.startswith("PYC10D_") or k in OTHER_VARS}}
 

@@ -27,12 +27,12 @@ A leaf module, like ``auth`` and ``tls``.
 
 from __future__ import annotations
 
-import os
 import socket
 
 from .errors import DistNetworkError, DistTimeoutError
+from .settings import PEER_TIMEOUT_S
 
-ENV = "PYC10D_PEER_TIMEOUT_S"
+ENV = PEER_TIMEOUT_S.name
 DEFAULT_S = 15.0
 
 
@@ -42,11 +42,7 @@ class PeerTimeoutError(DistNetworkError, DistTimeoutError):
 
 def peer_timeout() -> float | None:
     """``PYC10D_PEER_TIMEOUT_S`` in seconds (default 15), or None when set to 0 (off)."""
-    raw = os.environ.get(ENV, "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_S
-    except ValueError:
-        raise ValueError(f"{ENV}={raw!r}: expected a number of seconds (0 turns detection off)") from None
+    value = PEER_TIMEOUT_S.get()
     return value if value > 0 else None
 
 

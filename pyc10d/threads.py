@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .env import env_float
+from . import settings
 
 log = logging.getLogger("pyc10d")
 
@@ -60,7 +60,7 @@ _settled_pid = 0
 
 def exit_timeout() -> float:
     """Seconds the exit waits, in all, for pyc10d's threads (``PYC10D_EXIT_TIMEOUT``)."""
-    return env_float("PYC10D_EXIT_TIMEOUT", 10.0, "seconds")
+    return settings.EXIT_TIMEOUT.get()
 
 
 def start(target: Callable[..., Any], name: str, args: tuple = (), join_at_exit: bool = True) -> threading.Thread:

@@ -37,8 +37,9 @@ import ssl
 import threading
 
 from .errors import DistNetworkError
+from .settings import TLS_CA, TLS_CERT, TLS_KEY
 
-ENV_CERT, ENV_KEY, ENV_CA = "PYC10D_TLS_CERT", "PYC10D_TLS_KEY", "PYC10D_TLS_CA"
+ENV_CERT, ENV_KEY, ENV_CA = TLS_CERT.name, TLS_KEY.name, TLS_CA.name
 CONFIRM = b"\x16"
 # How long either side gives a new connection to finish the TLS handshake.
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -82,7 +83,7 @@ def settings() -> tuple[str, str, str] | None:
     """(cert, key, CA) file paths from the environment, or None when TLS is off. Raises
     ``TLSError`` when only some of the three are set: half a configuration must not quietly
     fall back to clear text."""
-    values = [os.environ.get(name, "").strip() for name in (ENV_CERT, ENV_KEY, ENV_CA)]
+    values = [s.get() or "" for s in (TLS_CERT, TLS_KEY, TLS_CA)]
     if not any(values):
         return None
     if not all(values):

@@ -16,7 +16,6 @@ the ``defaults`` family checks the unpatched thresholds and model with real size
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 from typing import Any
@@ -40,6 +39,7 @@ from _refs import (
 )
 
 import pyc10d as dist
+from pyc10d import settings
 from pyc10d.algorithms import cost
 from pyc10d.algorithms.cost import Model
 
@@ -716,10 +716,10 @@ def test_conformance(backend: str, world_size: int, family: str) -> None:
 #: ``make test`` samples threaded at 5 ranks (every family) and tcp at 5 (reduce_scatter);
 #: ``make test-full`` adds threaded at 9 (the families below) and tcp's all_reduce at 5;
 #: PYC10D_ALL_WORLDS=1 (``make test-worlds``) runs every family at every size 5-33 on both.
-ALL_WORLDS = bool(os.environ.get("PYC10D_ALL_WORLDS"))
+ALL_WORLDS = settings.ALL_WORLDS.get()
 #: The per-test limit of ``make test-worlds`` (PYC10D_WORLDS_TIMEOUT seconds): a launch of
 #: 33 processes on 2 cores runs for minutes.
-WORLDS_TIMEOUT = float(os.environ.get("PYC10D_WORLDS_TIMEOUT", "60"))
+WORLDS_TIMEOUT = settings.WORLDS_TIMEOUT.get()
 BIG_WORLDS = list(range(5, 34)) if ALL_WORLDS else [5, 9]
 TCP_SAMPLE = list(FAMILIES) if ALL_WORLDS else ["all_reduce", "reduce_scatter"]
 #: At 9 ranks ``make test-full`` runs the families whose algorithm the world size chooses

@@ -86,50 +86,6 @@ def test_readme_speed_table_is_what_the_reference_run_gives() -> None:
     assert ref == _reference(_between((DOCS / "performance.md").read_text(), readme.BEGIN, readme.END))
 
 
-# -- environment variables -----------------------------------------------------------------
-def _read_by_code() -> set[str]:
-    files = [*ROOT.glob("pyc10d/**/*.py"), *ROOT.glob("tests/**/*.py"), ROOT / "Makefile", ROOT / "_pyc10d_autoload.py"]
-    names: set[str] = set()
-    for f in files:
-        if f.name in ("test_docs.py",):
-            continue
-        names |= set(ENV_NAME.findall(f.read_text()))
-    return names
-
-
-def _env_table() -> str:
-    text = (DOCS / "backends.md").read_text()
-    return text.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
-
-
-def test_the_environment_table_names_every_variable_the_code_reads() -> None:
-    rows = [line for line in _env_table().splitlines() if line.startswith("| `")]
-    documented = {n for row in rows for n in ENV_NAME.findall(row.split(" | ")[0])}
-    code = _read_by_code()
-    assert code - documented == set(), f"read by the code, missing from docs/backends.md: {sorted(code - documented)}"
-    assert documented - code == set(), f"in docs/backends.md, read nowhere: {sorted(documented - code)}"
-
-
-def test_the_environment_table_defaults_match_the_code() -> None:
-    """Spot checks of defaults the code states as literals (a changed default must change the table)."""
-    table = _env_table()
-    expect = {
-        ("pyc10d/backends/watchdog.py", '"PYC10D_STUCK_WARN_S", 10.0'): "| `PYC10D_STUCK_WARN_S` | 10 |",
-        ("pyc10d/backends/flight_recorder.py", '"PYC10D_FLIGHT_RECORDER_ENTRIES", 2000'): "| `PYC10D_FLIGHT_RECORDER_ENTRIES` | 2000 |",
-        ("pyc10d/backends/p2p.py", '"PYC10D_P2P_MISMATCH_S", 2.0'): "| `PYC10D_P2P_MISMATCH_S` | 2 |",
-        ("pyc10d/backends/base.py", '"PYC10D_DESYNC_CHECK", "1"'): "| `PYC10D_DESYNC_CHECK` | 1 |",
-        ("pyc10d/transport/shm_arena.py", '"PYC10D_SHM_CALLER_SPIN_US", 1000.0'): "| `PYC10D_SHM_CALLER_SPIN_US` | 1000 |",
-        ("pyc10d/algorithms/segments.py", '"PYC10D_SEGMENT_BYTES", 1 << 20'): "| `PYC10D_SEGMENT_BYTES` | 1 MiB |",
-        ("pyc10d/backends/shm.py", '"PYC10D_SHM_SLOT_BYTES", 1 << 20'): "| `PYC10D_SHM_SLOT_BYTES` | 1 MiB |",
-        ("pyc10d/backends/shm.py", '"PYC10D_SHM_ARENA_BUDGET", 256 << 20'): "| `PYC10D_SHM_ARENA_BUDGET` | 256 MiB |",
-        ("pyc10d/functional/_buffers.py", '"PYC10D_FUNCOL_CACHE_BYTES", 256 << 20'): "| `PYC10D_FUNCOL_CACHE_BYTES` | 256 MiB |",
-        ("pyc10d/symmetric_memory/collectives.py", '"PYC10D_SYMM_CHUNK_BYTES", 4 << 20'): "| `PYC10D_SYMM_CHUNK_BYTES` | 4 MiB |",
-    }
-    wrong = [f"{path}: {code!r} / table {row!r}" for (path, code), row in expect.items()
-             if code not in (ROOT / path).read_text() or row not in table]
-    assert not wrong, "\n".join(wrong)
-
-
 # -- coming from torch: the names pyc10d leaves out ----------------------------------------
 def _absent_in_tests() -> set[str]:
     tree = ast.parse((ROOT / "tests" / "test_public_api.py").read_text())

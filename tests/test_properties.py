@@ -13,7 +13,6 @@ number of examples per test (``make fuzz`` runs thousands; ``make test`` a bound
 from __future__ import annotations
 
 import importlib
-import os
 from typing import Any
 
 import pytest
@@ -25,9 +24,10 @@ from hypothesis import strategies as st
 
 import pyc10d.torch_backend  # noqa: F401 - registers pyc10d_shm / pyc10d_tcp with torch
 from pyc10d.backends import accepts
+from pyc10d.settings import PROPERTY_EXAMPLES
 from pyc10d.types import RedOpType
 
-EXAMPLES = int(os.environ.get("PYC10D_PROPERTY_EXAMPLES", "60"))
+EXAMPLES = PROPERTY_EXAMPLES.get()
 WS = 2
 COLLECTIVES = ["all_reduce", "reduce", "broadcast", "reduce_scatter_tensor", "all_gather_into_tensor",
                "all_to_all_single"]

@@ -23,12 +23,12 @@ from pathlib import Path
 import pytest
 from _clock import bound
 
-from pyc10d import threads
+from pyc10d import settings, threads
 from pyc10d.bench.launch import free_port
 
 HERE = Path(__file__).parent
 REPO = HERE.parent
-TRIALS = int(os.environ.get("PYC10D_EXIT_TRIALS", "1"))
+TRIALS = settings.EXIT_TRIALS.get()
 pytestmark = [pytest.mark.interpreters, pytest.mark.timeout(50 * TRIALS)]
 
 HELD = """
@@ -95,7 +95,7 @@ def test_eight_rank_threads_exit_at_once() -> None:
     "shm", pytest.param("tcp", marks=pytest.mark.full), pytest.param("pyc10d_shm", marks=pytest.mark.full),
     "pyc10d_tcp"])
 def test_launched_ranks_exit_at_once_after_a_drop(backend: str) -> None:
-    start = os.environ.get("PYC10D_EXIT_START", "fork")
+    start = settings.EXIT_START.get()
     for trial in range(TRIALS):
         res = _python(["-m", "pyc10d.run", "--nproc-per-node", "2", "--start-method", start,
                        "--master-port", str(free_port()), "_exit_rank.py", backend],

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from ..env import env_bytes
+from .. import settings
 
 # Large enough that per-message overhead is small, small enough that a rank can forward
 # segment s while segment s+1 is still on the wire (the ring becomes a pipeline).
 # Every rank must use the same value: set PYC10D_SEGMENT_BYTES on all ranks or none.
-SEGMENT_BYTES = env_bytes("PYC10D_SEGMENT_BYTES", 1 << 20)
+SEGMENT_BYTES = settings.SEGMENT_BYTES.get()
 
 
 def segments(block: torch.Tensor, seg_bytes: int | None = None) -> list[torch.Tensor]:

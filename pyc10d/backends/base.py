@@ -17,7 +17,6 @@ operations on the group raise the same error instead of hanging.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -30,7 +29,7 @@ from typing import Any
 import torch
 from torch.autograd import profiler as _torch_profiler
 
-from .. import threads
+from .. import settings, threads
 from ..algorithms import profiling
 from ..algorithms.comm import Comm, describe_fingerprint, fingerprint, fingerprint_collective
 from ..errors import (
@@ -107,7 +106,7 @@ class Engine:
     #: first (``_settle_started``), since this rank may post nothing more before it is done.
     _started: Any = None
     #: Fingerprint every collective's messages (``PYC10D_DESYNC_CHECK=0`` turns it off).
-    desync_check = os.environ.get("PYC10D_DESYNC_CHECK", "1") != "0"
+    desync_check = settings.DESYNC_CHECK.get()
 
     def __init__(
         self,

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..env import env_int
+from .. import settings
 
 _Tensor = torch.Tensor
 FIELDS = ("seq", "op", "numel", "dtype", "issued", "started", "ended", "state")
@@ -35,7 +35,7 @@ DESYNC_WINDOW = 1024
 
 
 def capacity() -> int:
-    return env_int("PYC10D_FLIGHT_RECORDER_ENTRIES", 2000)
+    return settings.FLIGHT_RECORDER_ENTRIES.get()
 
 
 def first_tensor(outputs: Any) -> torch.Tensor | None:
@@ -106,7 +106,7 @@ class FlightRecorder:
         """Write the buffer (once per group); return the file's path (None: recording is off)."""
         if self.dumped is not None or not self.capacity:
             return self.dumped
-        folder = os.environ.get("PYC10D_TRACE_DIR") or os.path.join(tempfile.gettempdir(), "pyc10d-traces")
+        folder = settings.TRACE_DIR.get() or os.path.join(tempfile.gettempdir(), "pyc10d-traces")
         os.makedirs(folder, exist_ok=True)
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.group_name)
         path = os.path.join(folder, f"pyc10d-trace-{safe}-rank{self.rank}.json")

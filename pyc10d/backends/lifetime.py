@@ -27,7 +27,7 @@ import threading
 import weakref
 from typing import Any
 
-from .. import threads
+from .. import settings, threads
 
 #: Every group object of this process (and what else a forked child must not destroy).
 _GROUPS: weakref.WeakSet[object] = weakref.WeakSet()
@@ -160,6 +160,6 @@ def freeze_heap_once() -> None:
     if _frozen:
         return
     _frozen = True
-    if os.environ.get("PYC10D_GC_FREEZE", "1").strip().lower() in ("0", "false", "off", "no"):
+    if not settings.GC_FREEZE.get():
         return
     gc.freeze()

@@ -16,9 +16,8 @@ import torch
 from torch.autograd import profiler as _torch_profiler
 
 from .. import algorithms as algo
-from .. import threads
+from .. import settings, threads
 from ..algorithms import profiling
-from ..env import env_float
 from ..errors import DistBackendError, DistError, DistTimeoutError
 from ..types import BarrierOptions
 from . import checks as ck
@@ -30,7 +29,7 @@ from .work import CompletedWork, Work
 #: Seconds a receive waits while its sender's messages sit on other tags of the group before
 #: the mismatch is reported (``PYC10D_P2P_MISMATCH_S``; 0 turns the check off). A program that
 #: really sends the awaited tag later than this after another tag is told it mismatched.
-TAG_MISMATCH_S = env_float("PYC10D_P2P_MISMATCH_S", 2.0, "seconds")
+TAG_MISMATCH_S = settings.P2P_MISMATCH_S.get()
 
 
 class RecvWork(Work):

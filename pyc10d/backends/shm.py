@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 from .. import algorithms as algo
+from .. import settings
 from ..algorithms.comm import flat
 from ..algorithms.reduce_ops import finish, premultiply
-from ..env import env_bytes
 from ..errors import DistBackendError, DistInputError
 from ..store.base import Store
 from ..transport import cpus, futex
@@ -63,8 +63,8 @@ def slot_bytes(size: int) -> int:
     """One rank's slot: ``PYC10D_SHM_SLOT_BYTES`` (default 1 MiB), less for big groups."""
     if SLOT_BYTES is not None:
         return max(64, SLOT_BYTES // 64 * 64)
-    want = env_bytes("PYC10D_SHM_SLOT_BYTES", 1 << 20)
-    cap = env_bytes("PYC10D_SHM_ARENA_BUDGET", 256 << 20) // (2 * size + 2)
+    want = settings.SHM_SLOT_BYTES.get()
+    cap = settings.SHM_ARENA_BUDGET.get() // (2 * size + 2)
     return max(64 << 10, min(want, cap) // 4096 * 4096)
 
 

@@ -27,8 +27,7 @@ import time
 import weakref
 from typing import Any
 
-from .. import threads
-from ..env import env_float
+from .. import settings, threads
 
 log = logging.getLogger("pyc10d")
 
@@ -36,7 +35,7 @@ KEY = "pyc10d/progress"
 
 
 def warn_after() -> float:
-    return env_float("PYC10D_STUCK_WARN_S", 10.0, "seconds")
+    return settings.STUCK_WARN_S.get()
 
 
 def period() -> float:

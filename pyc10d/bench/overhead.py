@@ -35,6 +35,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from pyc10d import settings
 from pyc10d.bench.launch import run_worker
 from pyc10d.bench.report import write_result
 from pyc10d.bench.timing import back_to_back
@@ -106,7 +107,7 @@ def _worker(args: argparse.Namespace) -> None:
         os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
     groups = {"on": dist.new_group(list(range(n))), "off": dist.new_group(list(range(n)))}
     _features_off(groups["off"])
-    if os.environ.get("PYC10D_OVERHEAD_AA"):  # calibration: both groups without the features
+    if settings.OVERHEAD_AA.get():  # calibration: both groups without the features
         _features_off(groups["on"])
     # Steady state: the flight recorder's ring fills once (an allocation per call until it is
     # full, then none); a job runs far longer than that, so fill both groups' rings first.

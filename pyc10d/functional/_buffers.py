@@ -20,10 +20,10 @@ import threading
 
 import torch
 
-from ..env import env_bytes
+from .. import settings
 
 MIN_BYTES = 64 * 1024
-_CAP = env_bytes("PYC10D_FUNCOL_CACHE_BYTES", 256 << 20)
+_CAP = settings.FUNCOL_CACHE_BYTES.get()
 _use_count = torch._C._storage_Use_Count
 
 _lock = threading.Lock()

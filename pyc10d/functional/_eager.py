@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from .. import collectives as C
+from .. import settings
 from ..backends import Engine
-from ..env import env_bytes
 from ..transport.cpus import usable_cpus
 from ..types import AllreduceOptions, as_reduce_op
 from . import _buffers
@@ -36,7 +36,7 @@ from ._groups import pg_by_name
 
 DEFAULT_INLINE_BYTES = 16 * 1024
 #: Set (a number of bytes) or None: chosen from the host at the first collective (``_limit``).
-INLINE_BYTES: int | None = env_bytes("PYC10D_FUNCOL_INLINE_BYTES", None)
+INLINE_BYTES: int | None = settings.FUNCOL_INLINE_BYTES.get()
 _auto_limit: int | None = None
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 from typing import BinaryIO
 
-from ..env import env_bytes
+from .. import settings
 
 HEAD, LEN = struct.Struct("!BI"), struct.Struct("!I")
 (SET, MGET, ADD, CAS, WAIT, CHECK, DELETE, NUMKEYS, MSET, APPEND, WAITGE, QPUSH, QPOP, QLEN,
@@ -44,7 +44,7 @@ class BadFrame(Exception):
 
 def max_part_bytes() -> int:
     """The longest part a frame may carry: ``PYC10D_STORE_MAX_BYTES``, else 1 GiB."""
-    return env_bytes("PYC10D_STORE_MAX_BYTES", _DEFAULT_MAX_BYTES)
+    return settings.STORE_MAX_BYTES.get(_DEFAULT_MAX_BYTES)
 
 
 def pack(code: int, parts: list[bytes]) -> bytes:

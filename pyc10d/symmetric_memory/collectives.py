@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ..env import env_bytes
+from .. import settings
 from .alloc import pin_of
 from .handle import SymmetricMemory, rendezvous
 
@@ -67,7 +67,7 @@ def _divider(n: int, dtype: torch.dtype):  # noqa: ANN202
 #: 15 us of Python calls and signals per rank (30 us at 4 ranks on 2 cores), and more when
 #: ranks outnumber free cores. 4 MiB measured best here: 1 MiB was as fast at 2 ranks on a
 #: quiet host, but 10-30% slower at 4 ranks or with other work on the cores.
-CHUNK_BYTES = env_bytes("PYC10D_SYMM_CHUNK_BYTES", 4 << 20)
+CHUNK_BYTES = settings.SYMM_CHUNK_BYTES.get()
 
 
 def two_shot_all_reduce_(t: torch.Tensor, reduce_op: str = "sum", group_name: str | None = None) -> torch.Tensor:

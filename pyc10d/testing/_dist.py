@@ -14,7 +14,6 @@ by itself.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -27,7 +26,9 @@ _override: str | None = None
 
 def dist_module_name() -> str:
     """Name of the module the helpers use: override, then env var, then ``pyc10d``."""
-    return _override or os.environ.get(ENV_VAR) or DEFAULT_MODULE
+    from pyc10d.settings import TESTING_DIST
+
+    return _override or TESTING_DIST.get() or DEFAULT_MODULE
 
 
 def set_dist_module(name: str | None) -> None:

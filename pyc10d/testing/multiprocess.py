@@ -52,11 +52,12 @@ from typing import Any, ClassVar, NamedTuple, TextIO
 
 import torch
 
+from pyc10d.settings import TEST_TIMEOUT
 from pyc10d.testing._dist import dist_module_name
 from pyc10d.testing.case import TestCase, dispatch_to_ranks, set_rng_seed
 from pyc10d.testing.decorators import pending_skip_reason
 
-TIMEOUT_ENV_VAR = "PYC10D_TEST_TIMEOUT"
+TIMEOUT_ENV_VAR = TEST_TIMEOUT.name
 DEFAULT_TIMEOUT = 60.0
 
 #: Exit codes torch's tests use to mean "skipped", with their reasons.
@@ -168,7 +169,7 @@ class MultiProcessTestCase(TestCase):
     def _timeout(self) -> float:
         if self.timeout is not None:
             return float(self.timeout)
-        return float(os.environ.get(TIMEOUT_ENV_VAR) or DEFAULT_TIMEOUT)
+        return float(TEST_TIMEOUT.get(DEFAULT_TIMEOUT))
 
     def _spawn_processes(self) -> None:
         """Fork one child per rank; call from ``setUp`` after ``super().setUp()``."""

@@ -29,7 +29,6 @@ arguments.
 from __future__ import annotations
 
 import importlib
-import os
 import runpy
 import sys
 import threading
@@ -38,6 +37,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+from pyc10d import settings
 
 _local = threading.local()
 MODES = ("blind", "stale", "drop")
@@ -162,18 +163,18 @@ def run_sabotaged(bench: str, target: str, world: int, worker_args: list[str], o
     from pyc10d.bench.launch import run_worker
 
     return run_worker(__name__, world, worker_args, out, timeout,
-                      env={"PYC10D_SABOTAGE": target, "PYC10D_SABOTAGE_RUN": bench})
+                      env={settings.SABOTAGE.name: target, settings.SABOTAGE_RUN.name: bench})
 
 
 def main() -> None:
     """``PYC10D_SABOTAGE=module:attr:nth:mode PYC10D_SABOTAGE_RUN=bench.module python -m
     pyc10d.testing.sabotage ARGS``: the benchmark module run with one call sabotaged."""
     _arm_timing()
-    for target in os.environ["PYC10D_SABOTAGE"].split(","):
+    for target in settings.SABOTAGE.get().split(","):
         where, attr, nth, mode = target.split(":")
         owner = importlib.import_module(where)
         setattr(owner, attr, saboteur(getattr(owner, attr), int(nth), mode))
-    target = os.environ["PYC10D_SABOTAGE_RUN"]
+    target = settings.SABOTAGE_RUN.get()
     sys.argv = [target, *sys.argv[1:]]
     runpy.run_module(target, run_name="__main__", alter_sys=True)
 

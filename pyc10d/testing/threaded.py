@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import sys
 import threading
 import time
@@ -46,6 +45,7 @@ import torch
 
 import pyc10d
 from pyc10d.errors import DistBackendError, DistError, DistTimeoutError
+from pyc10d.settings import TEST_TIMEOUT
 from pyc10d.store import HashStore
 from pyc10d.testing.case import TestCase, dispatch_to_ranks
 from pyc10d.testing.decorators import pending_skip_reason
@@ -53,7 +53,7 @@ from pyc10d.threads import settle_torch_pool
 from pyc10d.transport.threaded import terminate
 from pyc10d.world import World, set_thread_world
 
-TIMEOUT_ENV_VAR = "PYC10D_TEST_TIMEOUT"
+TIMEOUT_ENV_VAR = TEST_TIMEOUT.name
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_WORLD_SIZE = 4
 _MAX_STACK_CHARS = 4000
@@ -62,7 +62,7 @@ _MAX_STACK_CHARS = 4000
 def _timeout(value: float | None) -> float:
     if value is not None:
         return float(value)
-    return float(os.environ.get(TIMEOUT_ENV_VAR) or DEFAULT_TIMEOUT)
+    return float(TEST_TIMEOUT.get(DEFAULT_TIMEOUT))
 
 
 _patcher_local = threading.local()

@@ -17,7 +17,6 @@ Gloo group by calling the module-level name ``ProcessGroupGloo``, so replacing t
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Any
 
@@ -27,12 +26,13 @@ import torch.distributed.distributed_c10d as c10d
 from torch.testing._internal.common_distributed import DistTestCases
 
 from pyc10d.process_group import make_engine
+from pyc10d.settings import SUITE_GLOO_AS, SUITE_START
 from pyc10d.torch_backend import BACKENDS, TorchProcessGroup, TorchStoreAdapter
 
 #: The env var naming the pyc10d engine that serves torch's name "gloo" (unset: Gloo is Gloo).
-GLOO_AS_ENV = "PYC10D_SUITE_GLOO_AS"
+GLOO_AS_ENV = SUITE_GLOO_AS.name
 #: How the suite starts its ranks: "spawn" (torch's own driver) or "fork" (start-up in ms).
-START_ENV = "PYC10D_SUITE_START"
+START_ENV = SUITE_START.name
 
 #: What pyc10d declares to torch's suite: every name is a plugin with DDP and subgroups.
 FEATURES: tuple[str, ...] = ("plugin", "ddp", "subgroup")
@@ -84,8 +84,8 @@ def _install_gloo_alias(engine: str) -> None:
     dist.ProcessGroupGloo = GlooNamedGroup
 
 
-if os.environ.get(GLOO_AS_ENV):
-    _install_gloo_alias(os.environ[GLOO_AS_ENV])
+if SUITE_GLOO_AS.get():
+    _install_gloo_alias(SUITE_GLOO_AS.get())
 
 # torch's suite module reads BACKEND now: the declarations above must come first.
 import torch.testing._internal.distributed.distributed_test as _suite_module  # noqa: E402
@@ -94,7 +94,7 @@ from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
     TestDistBackend,
 )
 
-if os.environ.get(GLOO_AS_ENV):
+if SUITE_GLOO_AS.get():
     # torch checks profiler events only for its built-in backends: events Gloo's C++ records
     # under the title "gloo:<op>". Under the name gloo pyc10d is still a plugin (its ops record
     # no such events), so the check is off in this pass, as it is for every plugin.
@@ -108,7 +108,7 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
 
     def setUp(self) -> None:
         super().setUp()
-        if os.environ.get(START_ENV, "spawn") == "fork":
+        if SUITE_START.get() == "fork":
             self._start_processes(torch.multiprocessing.get_context("fork").Process)
         else:
             self._spawn_processes()

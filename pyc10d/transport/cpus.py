@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from .. import settings
+
 
 def usable_cpus() -> int:
     """The CPUs of this process's affinity set (``os.cpu_count()`` where that is unknown):
@@ -17,7 +19,7 @@ def usable_cpus() -> int:
 
 #: ``PYC10D_BIND``: ``auto`` (default) gives each rank of a host its own share of the CPUs when
 #: its shared-memory transport starts (``place``); ``none`` leaves placement to the kernel.
-BIND_ENV = "PYC10D_BIND"
+BIND_ENV = settings.BIND.name
 _placed: list[int] | None = None
 _tried = False
 
@@ -45,7 +47,7 @@ def place(local_rank: int, local_size: int, pids: list[int] | None = None) -> li
     _tried = True
     if pids is not None and pids.count(os.getpid()) > 1:
         return None
-    if os.environ.get(BIND_ENV, "auto").strip().lower() in ("none", "0", "off", "false"):
+    if settings.BIND.get().lower() in ("none", "0", "off", "false"):
         return None
     try:
         cpus = sorted(os.sched_getaffinity(0))

@@ -19,7 +19,7 @@ import logging
 import struct
 from collections.abc import Callable
 
-from ..env import env_bytes
+from .. import settings
 from ..errors import DistNetworkError
 from ..keepalive import peer_timeout, silent_error
 from .base import Mailbox, RecvHandle, Transport, abort_error, lost_error
@@ -40,7 +40,7 @@ log = logging.getLogger("pyc10d")
 
 def max_message_bytes() -> int:
     """The largest message a peer may announce: ``PYC10D_MAX_MESSAGE_BYTES``, else 64 GiB."""
-    return env_bytes("PYC10D_MAX_MESSAGE_BYTES", _DEFAULT_MAX_MESSAGE)
+    return settings.MAX_MESSAGE_BYTES.get(_DEFAULT_MAX_MESSAGE)
 
 
 class BadFrame(DistNetworkError):

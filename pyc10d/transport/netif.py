@@ -42,13 +42,14 @@ from collections.abc import Mapping
 
 from ..errors import DistNetworkError
 from ..hostport import family_of, unbracket
+from ..settings import SOCKET_ADDR, SOCKET_IFNAME
 
 __all__ = ["advertised_address", "advertised_addresses", "choose_interface", "choose_interfaces",
            "interface_addresses", "is_loopback"]
 
 _SIOCGIFADDR = 0x8915  # Linux: the interface's primary IPv4 address
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-_IFNAME_VARS = ("PYC10D_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+_IFNAME_VARS = (SOCKET_IFNAME.name, *SOCKET_IFNAME.aliases)
 # /proc/net/if_inet6: scope 0x20 is link-local; flags: tentative (DAD under way), DAD failed.
 _SCOPE_LINK = 0x20
 _IFA_F_TENTATIVE, _IFA_F_DADFAILED = 0x40, 0x08
@@ -241,8 +242,8 @@ def advertised_addresses(env: Mapping[str, str], store_host: str | None, rank: i
     the module docstring)."""
     store_host = None if store_host is None else unbracket(store_host)
     local_store = store_host is None or store_host in _LOOPBACK_NAMES or is_loopback(store_host)
-    if env.get("PYC10D_SOCKET_ADDR"):
-        addrs = [unbracket(a) for a in env["PYC10D_SOCKET_ADDR"].split(",") if a.strip()]
+    if env.get(SOCKET_ADDR.name):
+        addrs = [unbracket(a) for a in env[SOCKET_ADDR.name].split(",") if a.strip()]
         how = "from PYC10D_SOCKET_ADDR"
     elif var := next((v for v in _IFNAME_VARS if env.get(v, "").strip()), None):
         have = interface_addresses(True) if _prefers_ipv6(store_host) else interface_addresses()

@@ -47,7 +47,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..env import env_float
+from .. import settings
 from ..errors import DistBackendError, DistNetworkError, DistTimeoutError
 from . import futex
 from .cpus import usable_cpus
@@ -87,9 +87,9 @@ def default_spin(size: int) -> tuple[float, bool]:
     yields between looks (``PYC10D_SHM_YIELD=0/1`` forces either; ``PYC10D_SHM_SPIN_US``
     sets the spin time, default 50 us, or 200 us when yielding).
     """
-    forced = os.environ.get("PYC10D_SHM_YIELD")
-    yield_ = size > usable_cpus() if forced is None else forced == "1"
-    us = env_float("PYC10D_SHM_SPIN_US", 200.0 if yield_ else 50.0, "microseconds")
+    forced = settings.SHM_YIELD.get()
+    yield_ = size > usable_cpus() if forced is None else forced
+    us = settings.SHM_SPIN_US.get(200.0 if yield_ else 50.0)
     return us * 1e-6, yield_
 
 
@@ -112,7 +112,7 @@ def caller_spin(size: int) -> float:
     spin, yield_ = default_spin(size)
     if yield_:
         return spin
-    return env_float("PYC10D_SHM_CALLER_SPIN_US", 1000.0, "microseconds") * 1e-6
+    return settings.SHM_CALLER_SPIN_US.get() * 1e-6
 
 
 class Arena:

@@ -24,8 +24,7 @@ import threading
 import time
 from datetime import timedelta
 
-from .. import auth, keepalive, threads, tls
-from ..env import env_bytes
+from .. import auth, keepalive, settings, threads, tls
 from ..errors import DistNetworkError, DistTimeoutError, with_message
 from ..hostport import format_hostport
 from ..store.base import Store, store_chain
@@ -90,7 +89,7 @@ def sockbuf_bytes(local: bool, ranks_on_host: int) -> int:
     ``_OVERSUBSCRIBED_SOCKBUF`` when that host runs more ranks than it has CPUs; everything
     else (a core per rank, or a real network with its bandwidth-delay product) autotunes.
     """
-    fixed = env_bytes("PYC10D_TCP_SOCKBUF", None)
+    fixed = settings.TCP_SOCKBUF.get()
     if fixed is not None:
         return fixed
     if local and ranks_on_host > usable_cpus():

@@ -17,7 +17,7 @@ import select
 import threading
 import time
 
-from ..env import env_float
+from .. import settings
 
 #: Seconds a receiver thread stays off its socket after a caller gave it back.
 GRACE_S = 0.005
@@ -31,7 +31,7 @@ def spin_seconds(ranks_on_host: int, cpus: int) -> float:
     """How long a waiting caller looks at its socket before sleeping: ``PYC10D_TCP_SPIN_US``,
     default 1 ms with a CPU per rank on this host, else 200 us giving the CPU away between
     looks (``spin_yields``: a rank that held it would keep the rank it waits for off it)."""
-    us = env_float("PYC10D_TCP_SPIN_US", None, "microseconds")
+    us = settings.TCP_SPIN_US.get()
     if us is not None:
         return max(us, 0.0) * 1e-6
     return 1e-3 if ranks_on_host <= cpus else 200e-6

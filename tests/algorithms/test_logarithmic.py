@@ -9,7 +9,6 @@ any order of reduction is exact and results can be compared bit for bit.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +20,7 @@ from test_algorithms import MemTransport, make_comms, run
 
 import pyc10d
 from pyc10d import algorithms as algo
+from pyc10d import settings
 from pyc10d.algorithms import Comm
 from pyc10d.algorithms.pow2 import ceil_log2
 
@@ -30,8 +30,8 @@ SPREAD = [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 31, 32, 33]
 #: ``make test`` runs 1, 2, 3, 7, 8, 9 and 17 ranks (one below, at and above a power of two);
 #: the rest of ``SPREAD`` (the 31-33 rank cases cost the most) is ``full`` (``make test-full``).
 SHORT = {1, 2, 3, 7, 8, 9, 17}
-WORLDS = [w if w in SHORT or os.environ.get("PYC10D_ALL_WORLDS") else pytest.param(w, marks=pytest.mark.full)
-          for w in (range(1, 34) if os.environ.get("PYC10D_ALL_WORLDS") else SPREAD)]
+WORLDS = [w if w in SHORT or settings.ALL_WORLDS.get() else pytest.param(w, marks=pytest.mark.full)
+          for w in (range(1, 34) if settings.ALL_WORLDS.get() else SPREAD)]
 CASES = [  # (dtype, op)
     (torch.float32, "SUM"), (torch.float64, "MAX"), (torch.float16, "SUM"), (torch.bfloat16, "MIN"),
     (torch.int32, "PRODUCT"), (torch.uint8, "BXOR"), (torch.bool, "SUM"), (torch.complex64, "SUM"),

@@ -12,7 +12,6 @@ fuzz`` runs 100,000; ``make test`` a short run).
 from __future__ import annotations
 
 import logging
-import os
 import random
 import socket
 import struct
@@ -22,6 +21,7 @@ from datetime import timedelta
 
 import pytest
 
+from pyc10d import settings
 from pyc10d.store import TCPStore, wire
 from pyc10d.store import tcp as store_tcp
 
@@ -37,7 +37,7 @@ OPS = sorted(wire.SHAPES)
 UNKNOWN_OPS = [c for c in range(256) if c not in wire.SHAPES]
 SET, MGET, ADD, WAIT, MSET = 1, 2, 3, 5, 9
 OK, ERROR = 0, 2
-FRAMES = int(os.environ.get("PYC10D_FUZZ_FRAMES", "3000"))
+FRAMES = settings.FUZZ_FRAMES.get()
 # Peak RSS may grow this much over the fuzz run (server threads, buffers in flight).
 RSS_LIMIT_MB = 64
 

@@ -9,7 +9,6 @@ connections at the listener (``make fuzz``: 100,000 of them); ``make test`` runs
 from __future__ import annotations
 
 import logging
-import os
 import random
 import socket
 import threading
@@ -18,6 +17,7 @@ from datetime import timedelta
 
 import pytest
 
+from pyc10d import settings
 from pyc10d.errors import DistNetworkError
 from pyc10d.store import HashStore, PrefixStore, Store
 from pyc10d.transport import framed
@@ -31,8 +31,8 @@ def _no_auth_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYC10D_AUTH_TOKEN", raising=False)
 
 
-FRAMES = int(os.environ.get("PYC10D_FUZZ_FRAMES", "3000"))
-HANDSHAKES = int(os.environ.get("PYC10D_FUZZ_HANDSHAKES", max(FRAMES // 10, 200)))
+FRAMES = settings.FUZZ_FRAMES.get()
+HANDSHAKES = settings.FUZZ_HANDSHAKES.get(max(FRAMES // 10, 200))
 CH = (5 << 32) | 1
 
 
