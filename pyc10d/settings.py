@@ -238,7 +238,7 @@ SUITE_START = _declare("PYC10D_SUITE_START", "text", "spawn", _TEST, "", "", joi
 SABOTAGE = _declare(
     "PYC10D_SABOTAGE", "text", None, _BENCH, "unset",
     "the benchmarks' self-test: make the nth call of a function do nothing, then run a benchmark "
-    "module, to show its result check fails (`pyc10d/testing/sabotage.py`)")
+    "module, to show its result check fails (`pyc10d/bench/sabotage.py`)")
 SABOTAGE_RUN = _declare("PYC10D_SABOTAGE_RUN", "text", None, _BENCH, "", "", joins="PYC10D_SABOTAGE")
 OVERHEAD_AA = _declare(
     "PYC10D_OVERHEAD_AA", "flag", False, _BENCH, "unset",

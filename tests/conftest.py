@@ -58,21 +58,11 @@ RUN_LAST = ("tests/integrations/test_torchft.py", "tests/integrations/test_torch
             "tests/algorithms/test_logarithmic.py", "tests/test_timeline.py", "tests/test_bench_floor.py")
 
 
-#: Tests that start a job (a launcher, the torch suite's driver) from their worker: forked
-#: from it while it runs one thread (``pyc10d.bench.launch.start_job``; ~2.5 CPU-s of torch's
-#: import saved a job), else a fresh interpreter. Workers pick up threads that stay (a
-#: dropped TCPStore server's reaper, groups a test dropped on purpose), so these go first.
-RUN_FIRST = ("tests/test_torch_suite.py", "tests/test_bench.py", "tests/nn/test_ddp_bench.py",
-             "tests/functional/test_funcol_bench.py", "tests/symmetric_memory/test_bench_symm_mem.py",
-             "tests/test_bench_tp.py")
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test function keeps a case outside ``full``: ``make test`` runs every test. Tests of
-    ``RUN_FIRST`` go first and of ``RUN_LAST`` last (stable: the same order on every worker, as
-    pytest-xdist requires)."""
-    items.sort(key=lambda item: 0 if item.nodeid.startswith(RUN_FIRST) else 2 if item.nodeid.startswith(RUN_LAST) else 1)
+    ``RUN_LAST`` go last (stable: the same order on every worker, as pytest-xdist requires)."""
+    items.sort(key=lambda item: item.nodeid.startswith(RUN_LAST))
     if [str(a).rstrip("/") for a in config.args] != ["tests"]:
         return  # a chosen file or case: not the whole suite
     cases: dict[str, list[bool]] = {}

@@ -76,8 +76,8 @@ def _time_on_threads(op_name: str, sabotage: bool, world: int = 2, mode: str = "
     import torch
 
     import pyc10d
+    from pyc10d.bench.sabotage import skip_call
     from pyc10d.bench.worker import Op, function_name, time_op
-    from pyc10d.testing.sabotage import skip_call
 
     store, verdicts, errors = pyc10d.HashStore(), [None] * world, []
 
@@ -341,7 +341,7 @@ def test_percall_bench_runs(tmp_path) -> None:
 def test_percall_check_fails_when_one_call_does_nothing(op: str) -> None:
     import pyc10d
     from pyc10d.bench import percall
-    from pyc10d.testing.sabotage import skip_call
+    from pyc10d.bench.sabotage import skip_call
 
     with skip_call(pyc10d, op, 55, "drop", only_timed=False):  # 50 warm-up calls, then timed
         rows = percall._measure(pyc10d, "threaded", 50, 2)
@@ -368,7 +368,7 @@ def test_store_bench_check_fails_when_one_call_does_nothing(impl: str, op: str) 
     import time
 
     from pyc10d.bench import store as bench_store
-    from pyc10d.testing.sabotage import saboteur
+    from pyc10d.bench.sabotage import saboteur
 
     server = bench_store._server(impl)
     try:
@@ -414,7 +414,7 @@ def test_overhead_bench_checks_every_timed_all_reduce(tmp_path: Path, sabotage: 
     """Each loop of ``bench.overhead`` refills its buffers and checks every one: a run is
     right, and with the third timed all_reduce left without effect, wrong."""
     from pyc10d.bench.launch import run_worker
-    from pyc10d.testing.sabotage import run_sabotaged
+    from pyc10d.bench.sabotage import run_sabotaged
 
     args = ["--backend", "shm", "--pairs", "1", "--sizes", "8"]
     out = tmp_path / "out.json"

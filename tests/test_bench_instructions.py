@@ -50,8 +50,8 @@ def test_a_call_that_does_nothing_fails_the_check(path: str, store_port: int,
 
     import pyc10d
     import pyc10d.functional._eager as eager
+    from pyc10d.bench.sabotage import saboteur
     from pyc10d.store import TCPStore
-    from pyc10d.testing.sabotage import saboteur
 
     def run() -> dict[str, Any]:
         return instructions.run_paths([path], 10, store_port=store_port, warm=20)[path]

@@ -39,12 +39,16 @@ def start_job(module: str, args: list[str], env: dict[str, str], log: Path | Non
     """``python -m module args`` with the environment ``env`` (stdout and stderr to the file
     ``log`` when given): a ``Popen``-like handle.
 
-    Forked from this process when it has imported torch and runs one thread (no other thread
-    can hold a lock across the fork): the job then skips a fresh interpreter's torch import,
-    ~2.5 s of CPU. Otherwise, or with other threads running, a fresh interpreter. torch's
-    thread pool was sized here at import: the child sizes it from ``OMP_NUM_THREADS`` in
-    ``env``, as a fresh interpreter would."""
-    if "torch" not in sys.modules or threading.active_count() != 1:
+    Forked from this process when it is a benchmark's driver (``python -m pyc10d.bench...``)
+    that has imported torch and runs one thread (no other thread can hold a lock across the
+    fork): the job then skips a fresh interpreter's torch import, ~2.5 s of CPU. Anywhere
+    else a fresh interpreter: a process that ran other work (a pytest worker) hands a fork
+    its state, and a torch-suite job forked from one hung once in DDP where the same job from
+    a fresh interpreter never has. torch's thread pool was sized here at import: the child
+    sizes it from ``OMP_NUM_THREADS`` in ``env``, as a fresh interpreter would."""
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    driver = main_spec is not None and main_spec.name.startswith("pyc10d.bench")
+    if not driver or "torch" not in sys.modules or threading.active_count() != 1:
         if log is None:
             return subprocess.Popen([sys.executable, "-m", module, *args], env=env)
         with log.open("wb") as f:

@@ -25,7 +25,7 @@ def test_funcol_bench_runs(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_funcol_bench_check_fails_when_one_timed_call_returns_a_stale_result(tmp_path: Path) -> None:
     """The third timed functional all_reduce hands back the previous call's output."""
-    from pyc10d.testing.sabotage import run_sabotaged
+    from pyc10d.bench.sabotage import run_sabotaged
 
     records = run_sabotaged("pyc10d.bench.funcol", "pyc10d.functional:all_reduce:3:stale", 2,
                             ["--backend", "shm", "--sizes", "8", "--iters", "5", "--reps", "1",

@@ -36,7 +36,7 @@ def test_ddp_bench_check_fails_when_one_bucket_all_reduce_does_nothing(tmp_path:
     """The first timed bucket all_reduce of a DDP step leaves its bucket alone: every rank
     keeps its own gradient there (its own batch), and the bit-for-bit comparison of the
     replicas after the block names it."""
-    from pyc10d.testing.sabotage import run_sabotaged
+    from pyc10d.bench.sabotage import run_sabotaged
 
     res = run_sabotaged("pyc10d.bench.ddp", "pyc10d.nn.reducer:all_reduce:1:blind", 2,
                         ["--impl", "pyc10d-shm", "--steps", "2", "--blocks", "1", "--warmup", "1",

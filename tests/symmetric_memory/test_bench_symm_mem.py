@@ -29,7 +29,7 @@ def test_checks_fail_when_a_timed_all_reduce_or_fused_op_does_nothing(tmp_path: 
     """One run, two sabotaged calls: the first timed all_reduce leaves its tensor alone (the
     symmetric one: its input, refilled before the call, is not the average), and the second
     timed fused_matmul_reduce_scatter hands back the first's result (other inputs)."""
-    from pyc10d.testing.sabotage import run_sabotaged
+    from pyc10d.bench.sabotage import run_sabotaged
 
     rec = run_sabotaged("pyc10d.bench.symm_mem",
                         "pyc10d:all_reduce:1:blind,pyc10d.symmetric_memory:fused_matmul_reduce_scatter:2:stale",

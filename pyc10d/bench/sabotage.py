@@ -19,7 +19,7 @@ What "does nothing" means depends on the call (``mode``):
 * ``"drop"`` (calls with no peers: a store's ``set``, a world-size-1 collective): the call
   is not made at all and returns ``None``.
 
-For processes a benchmark launches, ``python -m pyc10d.testing.sabotage`` (as the module
+For processes a benchmark launches, ``python -m pyc10d.bench.sabotage`` (as the module
 ``pyc10d.bench.launch.run_worker`` starts) applies ``PYC10D_SABOTAGE=module:attr:nth:mode``
 (several, comma-separated, each with a count of its own)
 and then runs ``PYC10D_SABOTAGE_RUN`` (a benchmark module) as ``__main__`` with the same
@@ -168,7 +168,7 @@ def run_sabotaged(bench: str, target: str, world: int, worker_args: list[str], o
 
 def main() -> None:
     """``PYC10D_SABOTAGE=module:attr:nth:mode PYC10D_SABOTAGE_RUN=bench.module python -m
-    pyc10d.testing.sabotage ARGS``: the benchmark module run with one call sabotaged."""
+    pyc10d.bench.sabotage ARGS``: the benchmark module run with one call sabotaged."""
     _arm_timing()
     for target in settings.SABOTAGE.get().split(","):
         where, attr, nth, mode = target.split(":")
