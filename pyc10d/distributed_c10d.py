@@ -24,7 +24,7 @@ from .shrink import SHRINK_ABORT, SHRINK_DEFAULT, shrink_group  # noqa: F401
 from .world import GroupMember, current_world, group  # noqa: F401
 
 
-def __getattr__(name: str):  # noqa: ANN202
+def __getattr__(name: str):
     if name == "_world":
         return current_world()
     raise AttributeError(name)

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from . import collectives as C
-from . import p2p as P
+from . import collectives as C  # noqa: N812 - the public API, short
+from . import p2p as P  # noqa: N812 - the public API, short
 from ._preamble import group_or_warn, group_rank
 
 __all__ = ["all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",

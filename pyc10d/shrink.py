@@ -116,7 +116,7 @@ def _end(pg: Any) -> None:
     if isinstance(pg, ProcessGroup):
         try:
             pg.shutdown()
-        except Exception:  # noqa: BLE001 - a broken group: its state goes regardless
+        except Exception:  # a broken group: its state goes regardless
             log.warning("shrink_group: destroying group %r failed", pg, exc_info=True)
     current_world().unregister(pg)
 
@@ -132,6 +132,6 @@ def _end_all_but(keep: Any) -> None:
         if isinstance(pg, ProcessGroup):
             try:
                 pg.abort()
-            except Exception:  # noqa: BLE001 - some may be broken already
+            except Exception:  # some may be broken already
                 log.warning("shrink_group: aborting group %r failed", pg, exc_info=True)
         world.unregister(pg)

@@ -17,7 +17,7 @@ out, api, backend, init_method = sys.argv[1:5]
 if api == "plugin":
     import torch.distributed as dist
 
-    import pyc10d.torch_backend  # noqa: F401 - registers pyc10d's backends with torch
+    import pyc10d.torch_backend  # registers pyc10d's backends with torch
 else:
     import pyc10d as dist  # type: ignore[no-redef]
 dist.init_process_group(None if backend == "auto" else backend, init_method=init_method)

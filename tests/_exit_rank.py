@@ -86,7 +86,7 @@ def launched_rank(backend: str) -> None:
     if backend.startswith("pyc10d_"):
         import torch.distributed as dist
 
-        import pyc10d.torch_backend  # noqa: F401 - registers pyc10d's backends with torch
+        import pyc10d.torch_backend  # registers pyc10d's backends with torch
     else:
         import pyc10d as dist  # type: ignore[no-redef]
     dist.init_process_group(backend)

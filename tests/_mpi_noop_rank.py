@@ -9,7 +9,7 @@ NOOP_CALL = 3  # the warm-up loop makes calls 0..K-1; this one is in the first t
 _make = mpi_worker._make
 
 
-def _make_with_a_noop(comm, mpi, op, count, rank, n, k):  # noqa: ANN001, ANN202 - test seam
+def _make_with_a_noop(comm, mpi, op, count, rank, n, k):  # test seam
     run, check, reset = _make(comm, mpi, op, count, rank, n, k)
     calls = [0]
 

@@ -37,10 +37,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _multirank import patched  # noqa: E402
-from test_conformance import FAMILIES  # noqa: E402
+from _multirank import patched
+from test_conformance import FAMILIES
 
-import pyc10d as dist  # noqa: E402
+import pyc10d as dist
 
 
 class _TorchAPI:

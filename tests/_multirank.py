@@ -122,7 +122,7 @@ def _body(rank: int, world_size: int, backend: str, fn: Callable[..., Any], args
 def _child(rank: int, conn: Any, stack_path: str, patches: dict[str, Any] | None, *rest: Any) -> None:
     gc.freeze()  # no full GC pass over the parent's heap: see MultiProcessTestCase._run_rank
     gc.enable()  # (run_ranks forks with the collector off: see there)
-    stack_file = open(stack_path, "w")  # noqa: SIM115 - lives as long as the process
+    stack_file = open(stack_path, "w")  # lives as long as the process
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True, chain=False)
     torch.set_num_threads(1)
     try:

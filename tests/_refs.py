@@ -95,7 +95,7 @@ def factor_of(name: str) -> float | torch.Tensor | None:
     return None
 
 
-def reduce_op(dist, name: str):  # noqa: ANN001, ANN201
+def reduce_op(dist, name: str):
     """``dist.ReduceOp.<name>``, or a premul-sum op built with ``dist._make_premul_sum``."""
     if name.startswith("PREMUL_SUM"):
         return dist._make_premul_sum(factor_of(name))

@@ -133,7 +133,7 @@ def _collectives_main(trial: Trial, rank: int, store_path: str) -> tuple:
 
 def _rank_main(trial: Trial, rank: int, store_path: str, conn: multiprocessing.connection.Connection) -> None:
     torch.set_num_threads(1)
-    stacks = open(f"{store_path}.stack{rank}", "w")  # noqa: SIM115 - lives as long as the process
+    stacks = open(f"{store_path}.stack{rank}", "w")  # lives as long as the process
     faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True, chain=False)
     result: tuple
     try:

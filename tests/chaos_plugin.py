@@ -18,10 +18,10 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-import torch._dynamo  # noqa: F401 - DDP and FSDP2 import these lazily: 5-6 s in each forked
+import torch._dynamo  # DDP and FSDP2 import these lazily: 5-6 s in each forked
 import torch.distributed as tdist
-import torch.distributed.fsdp  # noqa: F401   rank on a loaded 2-core machine, so the parent
-import torch.distributed.tensor  # noqa: F401  imports them once, before it forks
+import torch.distributed.fsdp  # rank on a loaded 2-core machine, so the parent
+import torch.distributed.tensor  # imports them once, before it forks
 
 import pyc10d.torch_backend  # noqa: F401 - registers the backends
 

@@ -102,6 +102,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 # first use: in a rank forked from a parent that has not imported them, every rank pays it
 # (2-3 s each on a quiet 2-core machine, 5-6 s under load). Imported here once per worker, the
 # forked ranks inherit them.
-import torch._dynamo  # noqa: E402, F401
-import torch.distributed.fsdp  # noqa: E402, F401
+import torch._dynamo  # noqa: E402
+import torch.distributed.fsdp  # noqa: E402
 import torch.distributed.tensor  # noqa: E402, F401

@@ -796,12 +796,12 @@ def test_reference_exact_at_33_ranks() -> None:
     reference exactly (AVG: the sum, divided once)."""
     import functools
 
-    def kernel(name: str):  # noqa: ANN202
+    def kernel(name: str):
         return {"PRODUCT": torch.mul, "MIN": torch.minimum, "MAX": torch.maximum,
                 "BAND": torch.bitwise_and, "BOR": torch.bitwise_or,
                 "BXOR": torch.bitwise_xor}.get(name, torch.add)
 
-    def tree(xs: list, f):  # noqa: ANN001, ANN202
+    def tree(xs: list, f):
         return xs[0] if len(xs) == 1 else f(tree(xs[:len(xs) // 2], f), tree(xs[len(xs) // 2:], f))
 
     for dtype in [d for d in DTYPES if d != torch.bool]:

@@ -30,7 +30,7 @@ def test_byte_counts_take_the_documented_units(monkeypatch: pytest.MonkeyPatch) 
     (env_int, "2k", "expected a whole number"),
     (env_float, "fast", "expected a number"),
 ])
-def test_a_bad_value_is_named(fn, raw: str, says: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_a_bad_value_is_named(fn, raw: str, says: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOME_TEST_SETTING", raw)
     with pytest.raises(ValueError, match=rf"^SOME_TEST_SETTING='{raw}': {says}"):
         fn("SOME_TEST_SETTING", 1)

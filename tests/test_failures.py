@@ -153,7 +153,7 @@ def _mismatch(rank: int, ws: int, kind: str) -> int:
     }.items():
         g = dist.new_group(list(range(ws)))
 
-        def then_barrier(call=call, g=g) -> None:  # noqa: ANN001
+        def then_barrier(call=call, g=g) -> None:
             call(g)
             dist.barrier(group=g)
 
@@ -185,7 +185,7 @@ def _rank_exits(rank: int, ws: int, when: str) -> float | None:
 
             post, posts = shm_arena.Arena.post, [0]
 
-            def dying_post(self, c):  # noqa: ANN001, ANN202
+            def dying_post(self, c):
                 posts[0] += 1
                 if posts[0] > 3:
                     os._exit(17)
@@ -196,7 +196,7 @@ def _rank_exits(rank: int, ws: int, when: str) -> float | None:
             transport = dist.group.WORLD._get_backend().transport
             send, sent = transport.send, [0]
 
-            def dying_send(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            def dying_send(*args, **kwargs):
                 sent[0] += 1
                 if sent[0] > 3:
                     os._exit(17)
@@ -208,7 +208,7 @@ def _rank_exits(rank: int, ws: int, when: str) -> float | None:
 
             direct_send = DirectIO.send
 
-            def dying_direct_send(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            def dying_direct_send(self, *args, **kwargs):
                 sent[0] += 1
                 if sent[0] > 3:
                     os._exit(17)
@@ -266,7 +266,7 @@ def test_any_source_recv_fails_when_every_peer_is_gone(backend: str) -> None:
 ABSENT_MAX_S = 15.0
 
 
-def _stay_absent(store, ws: int, absent: int) -> None:  # noqa: ANN001 - any pyc10d Store
+def _stay_absent(store, ws: int, absent: int) -> None:  # any pyc10d Store
     """The absent rank stays alive (and connected) until every other rank has given up on it,
     and no longer: it waits for their ``gave_up/<rank>`` keys rather than sleeping a fixed
     time longer than the timeout under test (which made every such test wait it out)."""

@@ -203,7 +203,7 @@ def test_torchs_torchrun_across_hosts(hosts: Hosts, port: int, tmp_path: Path, a
     backend = "auto" if api == "pyc10d" else "pyc10d"
     procs = []
     for h in hosts.hosts:
-        log = open(tmp_path / f"{h.name}.log", "w")  # noqa: SIM115 - closed with the process
+        log = open(tmp_path / f"{h.name}.log", "w")  # closed with the process
         argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
                 str(h.index), "--nproc-per-node", "2", "--master-addr", hosts[0].addr,
                 "--master-port", str(port), API_RANK, str(tmp_path), api, backend, "env://"]

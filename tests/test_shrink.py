@@ -174,7 +174,7 @@ def _leave_or_die(rank: int, ws: int, backend: str, store_path: str, hosts: list
 
 @pytest.mark.timeout(40)
 @pytest.mark.parametrize("backend,hosts", [("threaded", None), ("auto", [0, 0, 1, 1])], ids=["threaded", "hier"])
-def test_every_backend_shrinks(tmp_path, backend: str, hosts: list[int] | None) -> None:  # noqa: ANN001
+def test_every_backend_shrinks(tmp_path, backend: str, hosts: list[int] | None) -> None:
     res = run_ranks(backend, 4, _leave_or_die, backend, str(tmp_path / "store"), hosts, init=False,
                     may_exit=(2,), timeout=35)
     engine, kind = ("threaded", "ThreadedBackend") if backend == "threaded" else ("hier", "HierBackend")

@@ -20,7 +20,7 @@ from _multirank import run_ranks
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 import pyc10d
-import pyc10d.torch_backend  # noqa: F401 - registers the backends
+import pyc10d.torch_backend  # registers the backends
 from pyc10d.torch_backend.errors import to_torch
 
 pytestmark = pytest.mark.timeout(45)

@@ -64,7 +64,7 @@ _CHOSEN: dict[tuple[str, int, int], object] = {}
 _CHOSEN_FOR: list = [None, None]
 
 
-def _by_model(collective: str, world_size: int, nbytes: int):  # noqa: ANN202
+def _by_model(collective: str, world_size: int, nbytes: int):
     if _CHOSEN_FOR[0] is not MODEL or _CHOSEN_FOR[1] != segments.SEGMENT_BYTES:
         _CHOSEN.clear()
         _CHOSEN_FOR[:] = [MODEL, segments.SEGMENT_BYTES]
@@ -78,7 +78,7 @@ def _by_model(collective: str, world_size: int, nbytes: int):  # noqa: ANN202
     return fn
 
 
-def _small_world(collective: str, world_size: int, nbytes: int):  # noqa: ANN202
+def _small_world(collective: str, world_size: int, nbytes: int):
     small = world_size <= 2
     if collective == "allreduce":
         return allreduce_direct if nbytes <= SMALL_ALLREDUCE else allreduce_ring
@@ -103,7 +103,7 @@ def _small_world(collective: str, world_size: int, nbytes: int):  # noqa: ANN202
     raise KeyError(collective)
 
 
-def select(collective: str, world_size: int, nbytes: int):  # noqa: ANN201
+def select(collective: str, world_size: int, nbytes: int):
     """Return the algorithm for ``collective`` at this world size and message size (inside
     a ``pyc10d:<algorithm>`` profiler range while a profiler runs, see ``profiling``; the
     check is inline, one attribute read, so that no wrapper call is paid when off).
@@ -141,7 +141,7 @@ _SHM_ONLY = {
 }
 
 
-def select_shm(collective: str, world_size: int, nbytes: int, slot_bytes: int):  # noqa: ANN201
+def select_shm(collective: str, world_size: int, nbytes: int, slot_bytes: int):
     """The shared-memory algorithm for ``collective`` (``slot_bytes``: one rank's slot), in a
     profiler range as ``select``'s.
 

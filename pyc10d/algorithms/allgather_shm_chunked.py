@@ -53,7 +53,7 @@ def _chunk(comm: ShmComm, dtype: torch.dtype) -> int:
     return max(align, comm.elems(dtype) // align * align)
 
 
-def allgather_shm_flat_step(comm: ShmComm, dtype: torch.dtype, k: int):  # noqa: ANN201
+def allgather_shm_flat_step(comm: ShmComm, dtype: torch.dtype, k: int):
     """``allgather_shm_chunked`` in one chunk, made once for the lean lane
     (``backends/lane.py``): ``step(out, inp, deadline, timeout)`` with ``out`` (n·k,) and
     ``inp`` (k,), both contiguous. Same phase, descriptor and copies. False when ``k``

@@ -36,7 +36,7 @@ def allreduce_direct(comm: Comm, t: torch.Tensor, op: ReduceOp) -> None:
         reduce_into(t, bufs[p], op)
 
 
-def allreduce_direct_step(comm: Comm, op: ReduceOp, dtype: torch.dtype, numel: int):  # noqa: ANN201
+def allreduce_direct_step(comm: Comm, op: ReduceOp, dtype: torch.dtype, numel: int):
     """``allreduce_direct`` of every flat tensor of ``dtype`` and ``numel`` with ``op``, made once.
 
     The same messages (channel, words, bytes) and the same reduction order as the function

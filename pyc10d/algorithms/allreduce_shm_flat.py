@@ -36,7 +36,7 @@ def allreduce_shm_flat(comm: ShmComm, t: torch.Tensor, op: ReduceOp, root: int |
         reduce_many(t, rows, op)
 
 
-def allreduce_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype, shape: torch.Size):  # noqa: ANN201
+def allreduce_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype, shape: torch.Size):
     """``allreduce_shm_flat`` of every tensor of ``dtype`` and ``shape`` with ``op``, made once.
 
     The same phase, descriptor, copy and reduction in the same order as the function above

@@ -75,7 +75,7 @@ def _check_sizes(arena: Arena, c: int, expect: list[int], op: str) -> int:
     return max(max(row) for row in sizes)
 
 
-def alltoall_shm_even_step(comm: ShmComm, dtype: torch.dtype, k: int):  # noqa: ANN201
+def alltoall_shm_even_step(comm: ShmComm, dtype: torch.dtype, k: int):
     """``alltoall_shm_chunked`` for this rank's even split (``k`` elements to and from every
     rank), made once for the lean lane (``backends/lane.py``): ``step(out, inp, deadline,
     timeout)`` with ``out`` and ``inp`` contiguous, n·k elements. False when ``k`` elements

@@ -14,7 +14,7 @@ def barrier_shm_counter(comm: ShmComm) -> None:
     comm.wait_all(c)
 
 
-def barrier_shm_step(comm: ShmComm):  # noqa: ANN201
+def barrier_shm_step(comm: ShmComm):
     """``barrier_shm_counter`` made once for the lean lane (``backends/lane.py``):
     ``step(None, None, deadline, timeout)``. Same phase and descriptor."""
     arena = comm.arena

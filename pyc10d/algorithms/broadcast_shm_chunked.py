@@ -47,7 +47,7 @@ def _chunk(comm: ShmComm, dtype: torch.dtype) -> int:
     return comm.elems(dtype) * comm.size
 
 
-def broadcast_shm_flat_step(comm: ShmComm, dtype: torch.dtype, numel: int, root: int):  # noqa: ANN201
+def broadcast_shm_flat_step(comm: ShmComm, dtype: torch.dtype, numel: int, root: int):
     """``broadcast_shm_chunked`` in one chunk, made once for the lean lane
     (``backends/lane.py``): ``step(t, None, deadline, timeout)`` with ``t`` contiguous. Same
     phase, descriptor and copies. False when ``numel`` elements do not fit one phase."""

@@ -151,7 +151,7 @@ class PendingRecv:
             source = "any rank" if self.peer == ANY_SOURCE else f"rank {self.peer}"
             detail = f"rank {c.rank} timed out after {c.timeout:.1f}s waiting for data from {source}"
             raise DistTimeoutError(f"{c.op}: {with_torch_phrase(e, detail)}") from None
-        except Exception as e:  # a point-to-point receive's error is not annotated later
+        except Exception as e:  # noqa: BLE001 - a point-to-point receive's error is not annotated later
             text = str(e)
             if not text.startswith(f"rank {c.rank}: "):  # (a transport's own error names it)
                 text = f"rank {c.rank}: {text}"

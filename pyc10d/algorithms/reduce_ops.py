@@ -23,7 +23,7 @@ _KERNELS = {
 }
 
 
-def kernel(op: ReduceOp, dtype: torch.dtype):  # noqa: ANN201 - a torch function
+def kernel(op: ReduceOp, dtype: torch.dtype):  # a torch function
     """The function ``f(a, b, out=out)`` computing ``out = a (op) b`` for ``dtype``."""
     kernels = _KERNELS.get(op.op)
     if kernels is None:

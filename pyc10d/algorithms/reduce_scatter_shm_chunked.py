@@ -73,7 +73,7 @@ def block_piece(comm: ShmComm, dtype: torch.dtype) -> int:
     return max(align, comm.elems(dtype) // comm.size // align * align)
 
 
-def reduce_scatter_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype, k: int):  # noqa: ANN201
+def reduce_scatter_shm_flat_step(comm: ShmComm, op: ReduceOp, dtype: torch.dtype, k: int):
     """``reduce_scatter_shm_chunked`` in one chunk, made once for the lean lane
     (``backends/lane.py``): ``step(out, inp, deadline, timeout)`` with ``out`` (k,) and
     ``inp`` (n·k,), both contiguous. Same phase, descriptor, copy and reduction order (every

@@ -129,7 +129,7 @@ def await_phase(arena: Arena, c: int, deadline: float, op: str) -> None:
         raise disagreement(arena, p, c, op)
 
 
-def split_step(arena: Arena, op: str, start, finish):  # noqa: ANN001, ANN201 - closures of a step builder
+def split_step(arena: Arena, op: str, start, finish):  # closures of a step builder
     """A lane step made of two halves, for a collective whose phase is one post and one wait:
     ``start(x, y, deadline, timeout) -> c`` publishes this rank's part (its descriptor, its
     copy in) and posts phase ``c``; ``finish(x, y, c, deadline)`` waits for every rank's
@@ -144,7 +144,7 @@ def split_step(arena: Arena, op: str, start, finish):  # noqa: ANN001, ANN201 - 
     ``wait(c, deadline)`` waits with the ordinary spin, as a progress thread should.
     """
 
-    def step(x, y, deadline: float, timeout: float) -> None:  # noqa: ANN001
+    def step(x, y, deadline: float, timeout: float) -> None:
         finish(x, y, start(x, y, deadline, timeout), deadline)
 
     def wait(c: int, deadline: float) -> None:
@@ -157,7 +157,7 @@ def split_step(arena: Arena, op: str, start, finish):  # noqa: ANN001, ANN201 - 
     return step
 
 
-def input_start(arena: Arena, head: int, nbytes: int, op: str, mine: list[torch.Tensor]):  # noqa: ANN201
+def input_start(arena: Arena, head: int, nbytes: int, op: str, mine: list[torch.Tensor]):
     """The ``start`` half (``split_step``) of a step whose part is its whole input ``y``,
     copied into this rank's span of the phase's slots (``mine[parity]``, contiguous)."""
 
@@ -215,7 +215,7 @@ def reduce_many(out: torch.Tensor, xs: list[torch.Tensor], op: ReduceOp) -> None
     reduce_rows(kernel(op, out.dtype), out, xs)
 
 
-def reduce_rows(fn, out: torch.Tensor, xs: list[torch.Tensor]) -> None:  # noqa: ANN001 - a torch kernel
+def reduce_rows(fn, out: torch.Tensor, xs: list[torch.Tensor]) -> None:  # a torch kernel
     """``out = xs[0] fn xs[1] fn ...`` with the kernel ``fn`` (``reduce_ops.kernel``), left to
     right: the one order every reader uses (``reduce_many`` and the lean lane's steps)."""
     fn(xs[0], xs[1], out=out)

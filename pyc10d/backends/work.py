@@ -114,7 +114,7 @@ class StartedWork(Work):
     ready: it must still time out or fail on a dead peer; the watchdog's look, when nobody
     came back to it within a period, ``watchdog.unattended``)."""
 
-    def __init__(self, engine: Any, opname: str, outputs: Any, seq: int) -> None:  # noqa: D107
+    def __init__(self, engine: Any, opname: str, outputs: Any, seq: int) -> None:
         super().__init__(opname, outputs, seq)
         self._engine = engine
 
@@ -149,7 +149,7 @@ class CompletedWork(Work):
     _issuer = 0
     _source_rank = -1
 
-    def __init__(self, opname: str = "noop", outputs: Any = None, seq: int = -1) -> None:  # noqa: D107
+    def __init__(self, opname: str = "noop", outputs: Any = None, seq: int = -1) -> None:
         self.opname, self._outputs, self.seq = opname, outputs, seq
         self._future = None
 

@@ -74,13 +74,13 @@ def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     if args.impl.startswith("torch-"):
         import torch.distributed as dist
-        from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: N814
+        from torch.nn.parallel import DistributedDataParallel as DDP
 
         if args.impl.startswith("torch-pyc10d"):  # torch's DDP over pyc10d's engine (the plugin)
-            import pyc10d.torch_backend  # noqa: F401
+            import pyc10d.torch_backend
     else:
         import pyc10d as dist
-        from pyc10d.nn import DistributedDataParallel as DDP  # noqa: N814
+        from pyc10d.nn import DistributedDataParallel as DDP
     dist.init_process_group(backend=args.impl.split("-", 1)[1])
     rank, world = dist.get_rank(), dist.get_world_size()
     vocab, context = 64, args.context

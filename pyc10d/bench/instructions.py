@@ -460,7 +460,7 @@ def _counted_process(folder: str | Path, layout: int) -> int:
                 part.write_text(json.dumps(run_paths(mine, spec["calls"], store_port=spec["store_port"],
                                                      plant=plant, cg=cg, tag=tag)))
                 code = 0
-            except BaseException:
+            except BaseException:  # noqa: BLE001 - printed; the exit code says it failed
                 traceback.print_exc()
             finally:
                 sys.stdout.flush()

@@ -40,7 +40,7 @@ def _worker(rank: int, world: int, backend: str, method: str, port: int, out: An
     if backend.startswith("pyc10d_"):
         import torch.distributed as dist
 
-        import pyc10d.torch_backend  # noqa: F401 - registers the backends
+        import pyc10d.torch_backend  # registers the backends
     else:
         import pyc10d as dist  # type: ignore[no-redef]
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))

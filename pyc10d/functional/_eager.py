@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .. import collectives as C
+from .. import collectives as C  # noqa: N812 - the public API, short
 from .. import settings
 from ..backends import Engine
 from ..transport.cpus import usable_cpus

@@ -111,11 +111,11 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         self.process_group = process_group
 
-    def _check_input_dim(self, input: torch.Tensor) -> None:  # noqa: A002 - torch's name
+    def _check_input_dim(self, input: torch.Tensor) -> None:  # torch's name
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - torch's name
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # torch's name
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:

@@ -252,7 +252,7 @@ class FileStore(Store):
     def __del__(self) -> None:
         try:
             self._release()
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort, see below
             pass  # best effort: never raise from a finalizer
 
     def __repr__(self) -> str:

@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 
-def serve_backend_allreduce(plan) -> None:  # noqa: ANN001
+def serve_backend_allreduce(plan) -> None:
     """Let the shm backend's all_reduce hand symmetric tensors to ``plan`` (see
     ``backends.shm.symmetric_allreduce``): the one place this room reaches the backend."""
     _shm_backend.symmetric_allreduce = plan

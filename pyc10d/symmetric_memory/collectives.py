@@ -45,14 +45,14 @@ def _peers(t: torch.Tensor, group_name: str | None, what: str) -> tuple[Symmetri
     return h, [h.get_buffer(p, (t.numel(),), t.dtype, offset) for p in range(h.world_size)]
 
 
-def _combiner(reduce_op: str, what: str):  # noqa: ANN202
+def _combiner(reduce_op: str, what: str):
     fn = _COMBINE.get(reduce_op.lower())
     if fn is None:
         raise ValueError(f"{what}: reduce_op must be one of {sorted(_COMBINE)}, got {reduce_op!r}")
     return fn
 
 
-def _divider(n: int, dtype: torch.dtype):  # noqa: ANN202
+def _divider(n: int, dtype: torch.dtype):
     """In-place division by ``n`` for AVG. For a power of two, multiplying by ``1 / n`` is
     exact and so gives the same bits as dividing, at half the cost on this CPU (the slice
     is in cache, so the arithmetic is what it waits for)."""
@@ -133,7 +133,7 @@ def one_shot_all_reduce(t: torch.Tensor, reduce_op: str = "sum", group_name: str
     return out.view(t.shape)
 
 
-def plan_allreduce(t: torch.Tensor, reduce_op: str, group_name: str):  # noqa: ANN201
+def plan_allreduce(t: torch.Tensor, reduce_op: str, group_name: str):
     """For the shm backend: ``two_shot_all_reduce_`` of ``t`` when ``t`` is a contiguous
     tensor of ``group_name``'s symmetric memory, else None (see ``backends.shm``)."""
     pin = pin_of(t)

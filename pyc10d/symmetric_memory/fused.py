@@ -56,7 +56,7 @@ def _fused_all_gather_matmul_fallback(
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """All-gather ``A_shard`` along ``gather_dim``, then ``A @ B`` for each ``B``."""
     shard = A_shard.movedim(gather_dim, 0).contiguous()
-    A = ft_c.wait_tensor(ft_c.all_gather_tensor(shard, 0, group_name))  # noqa: N806
+    A = ft_c.wait_tensor(ft_c.all_gather_tensor(shard, 0, group_name))
     return A.movedim(0, gather_dim), [torch.matmul(A, B).movedim(0, gather_dim) for B in Bs]
 
 

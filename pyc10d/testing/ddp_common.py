@@ -89,7 +89,7 @@ class CommonDistributedDataParallelTest:
     file_name: str
     rank: int
 
-    def tearDown(self) -> None:  # noqa: N802 - unittest API
+    def tearDown(self) -> None:  # unittest API
         super().tearDown()  # type: ignore[misc]
         try:
             os.remove(self.file_name)

@@ -341,7 +341,7 @@ class MultiProcessTestCase(TestCase):
             result = RankResult("skip", str(exc) or "skipped")
         except SystemExit as exc:
             result = _result_for_exit_code(exc.code)
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - the rank's result carries it
             result = RankResult("error", traceback.format_exc())
         # Only a rank that passed tears down: after a failure peers may be stuck
         # in collectives and destroying could hang; os._exit reclaims everything.
@@ -407,7 +407,7 @@ def _install_stack_dump(path: str) -> None:
     if not hasattr(signal, "SIGUSR1"):
         return
     try:
-        _stack_file = open(path, "w")  # noqa: SIM115 - must outlive this function
+        _stack_file = open(path, "w")  # must outlive this function
         faulthandler.register(signal.SIGUSR1, file=_stack_file, all_threads=True, chain=False)
     except (OSError, RuntimeError, ValueError):
         _stack_file = None

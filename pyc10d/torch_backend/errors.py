@@ -78,7 +78,7 @@ def translating(fn: _F) -> _F:
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - re-raised as torch's type
             raise to_torch(e) from e.__cause__
 
     return call  # type: ignore[return-value]

@@ -55,7 +55,7 @@ class TorchWork(_TorchWorkBase):
     def wait(self, timeout: timedelta | None = None) -> bool:
         try:
             return self._work.wait(timeout)
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - re-raised as torch's type
             raise to_torch(e) from e.__cause__
 
     def is_completed(self) -> bool:
@@ -117,7 +117,7 @@ class _SyncDone(CompletedWork):
     """The pyc10d side of a group's shared finished Work (``_laned``): its outputs are held
     weakly, so that the Work torch dropped does not keep the last call's tensors alive."""
 
-    def __init__(self) -> None:  # noqa: D107
+    def __init__(self) -> None:
         super().__init__("noop", None, -1)
         self._refs: list[weakref.ref] = []
 

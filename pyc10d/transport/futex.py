@@ -55,7 +55,7 @@ def wait(addr: int, expected: int, timeout: float) -> None:
 SEQ_CST = 5  # __ATOMIC_SEQ_CST, the memory order ``exchange`` is called with
 
 
-def _load_exchange():  # noqa: ANN202
+def _load_exchange():
     """``exchange(addr, value, SEQ_CST)``: an atomic 32-bit store that is also a full memory
     barrier (x86 ``xchg``), libatomic's ``__atomic_exchange_4`` itself (no Python wrapper; a
     value over 32 bits is truncated by ctypes); None where libatomic is missing."""

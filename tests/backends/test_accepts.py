@@ -18,14 +18,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _multirank import run_ranks  # noqa: E402
-from _reduce_ref import inputs, reference  # noqa: E402
+from _multirank import run_ranks
+from _reduce_ref import inputs, reference
 
-from pyc10d.algorithms.reduce_ops import finish, premultiply, reduce_into  # noqa: E402
-from pyc10d.backends import accepts  # noqa: E402
-from pyc10d.backends.accepts import OPS, ROWS, Widen, check_tensors, reduction, support  # noqa: E402
-from pyc10d.errors import DistInputError  # noqa: E402
-from pyc10d.types import RedOpType, ReduceOp, _make_premul_sum  # noqa: E402
+from pyc10d.algorithms.reduce_ops import finish, premultiply, reduce_into
+from pyc10d.backends import accepts
+from pyc10d.backends.accepts import OPS, ROWS, Widen, check_tensors, reduction, support
+from pyc10d.errors import DistInputError
+from pyc10d.types import RedOpType, ReduceOp, _make_premul_sum
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 

@@ -18,11 +18,11 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _multirank import run_ranks  # noqa: E402
-from test_conformance import FAMILIES, RUN_TIMEOUT  # noqa: E402
+from _multirank import run_ranks
+from test_conformance import FAMILIES, RUN_TIMEOUT
 
-import pyc10d as dist  # noqa: E402
-from pyc10d.backends.topology import HostLayout  # noqa: E402
+import pyc10d as dist
+from pyc10d.backends.topology import HostLayout
 
 #: host of each rank
 LAYOUTS = {"2x2": [0, 0, 1, 1], "interleaved": [0, 1, 0, 1], "2+1": [0, 0, 1], "1+3": [0, 1, 1, 1]}
@@ -51,7 +51,7 @@ HOST_CASES = [pytest.param(layout, family, id=f"{layout}-{family}",
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("layout", "family"), HOST_CASES)
-def test_collectives_on_fake_hosts(tmp_path, layout: str, family: str) -> None:  # noqa: ANN001
+def test_collectives_on_fake_hosts(tmp_path, layout: str, family: str) -> None:
     hosts = LAYOUTS[layout]
     counts = run_ranks("auto", len(hosts), _on_fake_hosts, str(tmp_path / "store"), hosts, family, "auto",
                        init=False, timeout=RUN_TIMEOUT, patches=FAMILIES[family][1])

@@ -22,23 +22,23 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _clock import bound  # noqa: E402
-from _multirank import exited, failure_after, run_ranks  # noqa: E402
+from _clock import bound
+from _multirank import exited, failure_after, run_ranks
 
 pytestmark = pytest.mark.timeout(45)
 
 
-def _engine(dist):  # noqa: ANN001, ANN202
+def _engine(dist):
     pg = dist.group.WORLD
     return pg.engine if hasattr(pg, "engine") else pg._get_backend()
 
 
-def _count_general(engine) -> list[str]:  # noqa: ANN001
+def _count_general(engine) -> list[str]:
     """Record the operations that take the general path (``_submit``) from now on."""
     calls: list[str] = []
     orig = engine._submit
 
-    def submit(opname, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def submit(opname, *a, **k):
         calls.append(opname)
         return orig(opname, *a, **k)
 
@@ -173,7 +173,7 @@ def _medium(rank: int, ws: int, symmetric: bool) -> dict:
     if not symmetric:  # (this worker may have imported pyc10d.symmetric_memory before)
         shm.symmetric_allreduce = None
     else:
-        import pyc10d.symmetric_memory  # noqa: F401 - installs the backend's seam
+        import pyc10d.symmetric_memory  # installs the backend's seam
     general = _count_general(_engine(dist))
     wrong = 0
     for i in range(3):

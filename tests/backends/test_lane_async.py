@@ -24,13 +24,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _clock import bound  # noqa: E402
-from _multirank import exited, failure_after, run_ranks  # noqa: E402
+from _clock import bound
+from _multirank import exited, failure_after, run_ranks
 
 pytestmark = pytest.mark.timeout(45)
 
 
-def _started(work) -> bool:  # noqa: ANN001
+def _started(work) -> bool:
     """Whether ``work`` (pyc10d's, or the plugin's ``TorchWork``) was started on the lane."""
     from pyc10d.backends.work import StartedWork
 

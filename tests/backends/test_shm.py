@@ -19,12 +19,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _clock import bound  # noqa: E402
-from _multirank import exited, run_ranks  # noqa: E402
+from _clock import bound
+from _multirank import exited, run_ranks
 
-import pyc10d as dist  # noqa: E402
-from pyc10d.errors import DistError  # noqa: E402
-from pyc10d.transport.shm_segment import created_by  # noqa: E402
+import pyc10d as dist
+from pyc10d.errors import DistError
+from pyc10d.transport.shm_segment import created_by
 
 TINY = {
     "pyc10d.backends.shm.SLOT_BYTES": 256,
@@ -192,7 +192,7 @@ def _killed_mid_collective(rank: int, ws: int, victim: int, posts: int) -> tuple
     if rank == victim:
         post, count = shm_arena.Arena.post, [0]
 
-        def dying_post(self, c: int) -> None:  # noqa: ANN001
+        def dying_post(self, c: int) -> None:
             count[0] += 1
             if count[0] >= posts:
                 os.kill(os.getpid(), signal.SIGKILL)  # no atexit, no clean-up: a crash
@@ -340,7 +340,7 @@ def _auto(rank: int, ws: int, store_path: str, split: bool) -> str:
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["one-host", "two-hosts"])
-def test_auto_is_the_default(tmp_path, split: bool) -> None:  # noqa: ANN001
+def test_auto_is_the_default(tmp_path, split: bool) -> None:
     """One host: shm; ranks 0 and 2 on one host, rank 1 on another: hierarchical."""
     res = run_ranks("shm", 3, _auto, str(tmp_path / "store"), split, init=False)
     assert res == (["hier"] * 3 if split else ["shm"] * 3)
@@ -353,5 +353,5 @@ def _auto_alone(rank: int, ws: int, store_path: str) -> str:
     return _auto(rank, ws, store_path, False)
 
 
-def test_auto_one_rank_per_host_is_tcp(tmp_path) -> None:  # noqa: ANN001
+def test_auto_one_rank_per_host_is_tcp(tmp_path) -> None:
     assert run_ranks("shm", 2, _auto_alone, str(tmp_path / "store"), init=False) == ["tcp", "tcp"]

@@ -270,7 +270,7 @@ class _Case(MultiThreadedTestCase):
         super().setUp()
         self._spawn_threads()
 
-    def perThreadSetUp(self) -> None:
+    def perThreadSetUp(self) -> None:  # noqa: N802 - the seed's hook name
         self.set_up_here = True
 
     def test_ranks(self) -> None:

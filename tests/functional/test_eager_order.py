@@ -24,7 +24,7 @@ from pyc10d.functional import _eager
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _multirank import run_ranks  # noqa: E402
+from _multirank import run_ranks
 
 BIG = 64 * 1024 // 4  # elements: 64 KiB of float32, above the inline limit (async)
 SMALL = 3  # inline

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torchft", reason="torchft-nightly (the test extra) is not installed")
 
-from pyc10d.testing.torchft_suite import manager_case, multi_pg_case  # noqa: E402
+from pyc10d.testing.torchft_suite import manager_case, multi_pg_case
 
 pytestmark = [pytest.mark.timeout(50), pytest.mark.xdist_group("torchft")]
 
@@ -58,7 +58,7 @@ def test_skip_init_sync_reruns_only_a_run_whose_replicas_started_apart() -> None
         built[0], race = 0, forced
 
         class Raced(original):  # type: ignore[misc, valid-type]
-            def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            def __init__(self, *args, **kwargs) -> None:
                 built[0] += 1
                 if race and built[0] == 2:  # the first run's second replica, once
                     torch.nn.Linear(3, 8)  # draws from the generator after its seed ...

@@ -27,11 +27,11 @@ from _clock import bound
 
 pytest.importorskip("torchft", reason="torchft-nightly (the test extra) is not installed")
 
-from torch._C._distributed_c10d import AllreduceOptions  # noqa: E402
-from torch.distributed import TCPStore  # noqa: E402
-from torchft.process_group import reconfigure_with_store  # noqa: E402
+from torch._C._distributed_c10d import AllreduceOptions
+from torch.distributed import TCPStore
+from torchft.process_group import reconfigure_with_store
 
-from pyc10d.integrations.torchft import ProcessGroupPyc10d  # noqa: E402
+from pyc10d.integrations.torchft import ProcessGroupPyc10d
 
 pytestmark = [pytest.mark.timeout(40), pytest.mark.xdist_group("torchft")]
 

@@ -16,7 +16,7 @@ from test_ddp_equivalence import MLP, ConvNet, _reference, _train_ddp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _multirank import run_ranks  # noqa: E402
+from _multirank import run_ranks
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,12 +22,12 @@ def _on_shm(cls: type) -> type:
     class OnShm(cls):  # type: ignore[misc, valid-type]
         timeout = 40.0  # MultiProcessTestCase: kill and report stuck ranks after this
 
-        def setUp(self) -> None:  # noqa: N802 - unittest naming
+        def setUp(self) -> None:  # unittest naming
             self._gloo_was = Backend._aliases["gloo"]
             Backend._aliases["gloo"] = "shm"
             super().setUp()
 
-        def tearDown(self) -> None:  # noqa: N802 - unittest naming
+        def tearDown(self) -> None:  # unittest naming
             try:
                 super().tearDown()
             finally:

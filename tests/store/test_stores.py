@@ -369,7 +369,7 @@ def test_tcp_server_gone_in_process():
     def blocked() -> None:
         try:
             client.get("never")
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - the test asserts on it
             errors.append(e)
 
     t = threading.Thread(target=blocked)

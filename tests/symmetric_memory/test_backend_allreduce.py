@@ -12,11 +12,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _multirank import run_ranks  # noqa: E402
+from _multirank import run_ranks
 
-import pyc10d as dist  # noqa: E402
-import pyc10d.symmetric_memory as symm  # noqa: E402
-from pyc10d.backends import shm  # noqa: E402
+import pyc10d as dist
+import pyc10d.symmetric_memory as symm
+from pyc10d.backends import shm
 
 pytestmark = pytest.mark.timeout(60)
 

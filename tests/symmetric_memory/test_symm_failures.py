@@ -16,13 +16,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from _clock import bound  # noqa: E402
-from _multirank import exited, run_ranks  # noqa: E402
+from _clock import bound
+from _multirank import exited, run_ranks
 
-import pyc10d as dist  # noqa: E402
-import pyc10d.symmetric_memory as symm  # noqa: E402
-from pyc10d.errors import DistNetworkError, DistTimeoutError  # noqa: E402
-from pyc10d.transport.shm_segment import PREFIX, created_by  # noqa: E402
+import pyc10d as dist
+import pyc10d.symmetric_memory as symm
+from pyc10d.errors import DistNetworkError, DistTimeoutError
+from pyc10d.transport.shm_segment import PREFIX, created_by
 
 pytestmark = pytest.mark.timeout(45)
 

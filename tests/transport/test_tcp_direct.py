@@ -18,7 +18,7 @@ from _multirank import run_ranks
 import pyc10d as dist
 
 
-def _engine():  # noqa: ANN202
+def _engine():
     return dist.group.WORLD._get_backend()
 
 
@@ -35,7 +35,7 @@ def _last_call_then_leave(rank: int, ws: int) -> int:
     if rank == 0:
         fill = DirectIO.fill
 
-        def late_fill(self, exp, deadline):  # noqa: ANN001, ANN202
+        def late_fill(self, exp, deadline):
             time.sleep(0.3)  # rank 1 has its token and has left by now
             return fill(self, exp, deadline)
 
@@ -182,7 +182,7 @@ def _two_threads_two_groups(rank: int, ws: int) -> list:
     errors: list = []
     world = current_world()  # the rank's (the harness may give its thread a world of its own)
 
-    def work(group, base: int) -> None:  # noqa: ANN001
+    def work(group, base: int) -> None:
         set_thread_world(world)
         try:
             for i in range(60):
@@ -218,7 +218,7 @@ def _two_rank_exchange(rank: int, ws: int) -> dict:
     calls = []
     exchange = DirectIO.exchange
 
-    def counted(self, *a):  # noqa: ANN001, ANN002, ANN202
+    def counted(self, *a):
         h = exchange(self, *a)
         calls.append(h.nbytes >= 0)  # answered within the call
         return h
@@ -261,7 +261,7 @@ def _frame_read_while_taking(rank: int, ws: int) -> list[float]:
     if rank == 1:
         own = DirectIO._own
 
-        def slow_own(self, peer):  # noqa: ANN001, ANN202
+        def slow_own(self, peer):
             if peer not in self.owned:
                 time.sleep(0.1)  # the receiver thread's grace (5 ms) is over: it reads rank 0's frame
             return own(self, peer)
