@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from .backends import Backend as Engine
-from .backends import Options
+from .backends import Engine, Options
 from .launch_env import local_rank as _launcher_local_rank
 from .process_group import Backend, ProcessGroup, make_engine
 from .rendezvous import rendezvous

@@ -21,8 +21,8 @@ from .backends.fake import FakeBackend
 from .backends.hier import create_auto, create_hier
 from .backends.lane import LaneOps
 from .backends.lifetime import freeze_heap_once, release_on_drop
+from .backends.options import DeviceSpec, create_device
 from .backends.shm import ShmBackend
-from .backends.tcp import Backend as _Engine
 from .backends.tcp import TCPBackend
 from .backends.threaded import ThreadedBackend
 from .store.base import Store
@@ -202,11 +202,6 @@ class ProcessGroup:
         return f"<ProcessGroup {self._group_name!r} rank={self._rank} size={self._size} backend={self._backend_name}>"
 
 
-class _DeviceSpec:
-    def __init__(self, interface: str | None = None, hostname: str | None = None) -> None:
-        self.interface, self.hostname = interface, hostname
-
-
 class ProcessGroupGloo(ProcessGroup):
     """torch's ``ProcessGroupGloo(store, rank, size, options)``, served by the TCP backend."""
 
@@ -223,16 +218,11 @@ class ProcessGroupGloo(ProcessGroup):
         super().__init__(rank, size, engine=engine, group_name=name, backend_name="gloo")
         self._store = store
 
-    @staticmethod
-    def create_device(interface: str | None = None, hostname: str | None = None, lazy_init: Any = None) -> _DeviceSpec:
-        return _DeviceSpec(interface, hostname)
+    create_device = staticmethod(create_device)
 
     @staticmethod
-    def create_default_device(lazy_init: Any = None) -> _DeviceSpec:
-        return _DeviceSpec()
-
-
-_Engine.create_device = staticmethod(ProcessGroupGloo.create_device)  # type: ignore[attr-defined]
+    def create_default_device(lazy_init: Any = None) -> DeviceSpec:
+        return DeviceSpec()
 
 
 class RoundRobinProcessGroup(ProcessGroup):

@@ -86,7 +86,7 @@ def _check_off(rank: int, ws: int) -> int:
 
 @pytest.mark.timeout(60)
 def test_desync_check_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pyc10d.backends.base import Engine
+    from pyc10d.backends.engine import Engine
 
     monkeypatch.setattr(Engine, "desync_check", False)  # what PYC10D_DESYNC_CHECK=0 sets
     run_ranks("threaded", 2, _check_off, timeout=30)

@@ -42,7 +42,7 @@ def test_desync_dumps_merge_into_a_report(backend: str, tmp_path: Path, monkeypa
 
 
 def test_recorder_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pyc10d.backends.base import Engine
+    from pyc10d.backends.engine import Engine
     from pyc10d.backends.fake import FakeBackend
     from pyc10d.testing import FakeStore
 

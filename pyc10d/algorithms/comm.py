@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+from typing import Any, NamedTuple
 
 import torch
 from torch.autograd import profiler as _torch_profiler
@@ -176,12 +177,20 @@ class PendingRecv:
         return self.tensor
 
 
+class Collective(NamedTuple):
+    """What a collective's fingerprint says besides its name: its reduce op and root."""
+
+    red: Any
+    root: int | None
+
+
 class Comm:
     """Per-operation view of a group: ``rank``/``size`` are group-local."""
 
-    #: The engine's job of a collective, ending in its reduce op and root, set while desync
-    #: detection is on; None (point to point, or the check off): no fingerprint to carry.
-    collective: tuple | None = None
+    #: The operation's reduce op and root (a ``Collective``, or the engine's job, which has
+    #: both fields), set while desync detection is on; None (point to point, or the check
+    #: off): no fingerprint to carry.
+    collective: Any = None
     _fp = -1
 
     def __init__(
@@ -203,7 +212,7 @@ class Comm:
         fp = self._fp
         if fp < 0:
             c = self.collective
-            fp = self._fp = 0 if c is None else fingerprint(self.op, c[-2], c[-1])
+            fp = self._fp = 0 if c is None else fingerprint(self.op, c.red, c.root)
         return fp
 
     def scratch(self, slot: int, numel: int, dtype: torch.dtype) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Backends: the collective engine bound to a transport (tcp; shm and threaded plug in here)."""
 
-from .base import Engine, Options
-from .tcp import Backend, TCPBackend
+from .engine import Engine
+from .options import Options
+from .tcp import TCPBackend
 from .work import CompletedWork, Work
 
-__all__ = ["Backend", "CompletedWork", "Engine", "Options", "TCPBackend", "Work"]
+__all__ = ["CompletedWork", "Engine", "Options", "TCPBackend", "Work"]

@@ -24,29 +24,23 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.autograd import profiler as _torch_profiler
 
 from .. import settings, threads
 from ..algorithms import profiling
-from ..algorithms.comm import Comm, describe_fingerprint, fingerprint, fingerprint_collective
-from ..errors import (
-    DistBackendError,
-    DistError,
-    DistNetworkError,
-    DistTimeoutError,
-    with_torch_phrase,
-)
+from ..algorithms.comm import Comm, fingerprint, fingerprint_collective
+from ..errors import DistError, DistNetworkError, DistTimeoutError
 from ..transport.base import Transport
-from ..types import UNSET_TIMEOUT
-from . import flight_recorder, watchdog
-from .flight_recorder import FlightRecorder, first_tensor
+from ..types import UNSET_TIMEOUT, ReduceOp
+from . import failures, flight_recorder, watchdog
+from .flight_recorder import FlightRecorder
+from .options import Options
 from .work import CompletedWork, Work
 
 _now = time.monotonic
-_Tensor = torch.Tensor
 _P2P_BIT = 1 << 31
 
 
@@ -55,56 +49,33 @@ def group_key(name: str) -> int:
     return zlib.crc32(name.encode()) or 1
 
 
-def _reworded(error: BaseException, text: str) -> BaseException:
-    """``error`` with the message ``text``: same type, same cause (an error class with another
-    constructor is kept as it is)."""
-    try:
-        new = type(error)(text)
-    except TypeError:
-        return error
-    new.__cause__ = error.__cause__
-    return new
+class Job(NamedTuple):
+    """One issued operation, as the engine runs it (``_run``): ``fn(comm)`` moves the bytes."""
+
+    work: Work
+    fn: Callable[[Comm], Any]
+    channel: int  # (group key << 32) | sequence number: the operation's messages
+    timeout: float  # seconds
+    started: float  # when it started (monotonic); 0.0: queued, it starts when it runs
+    red: Any  # the reduce op and root, in every message's fingerprint (``Comm.fingerprint``)
+    root: int | None
 
 
-def _without_trace(error: BaseException) -> str:
-    """``error``'s text less the ``[flight recorder: path]`` note ``_with_trace`` added: an
-    error that quotes it gets a note of its own."""
-    text = str(error)
-    cut = text.rfind(" [flight recorder: ")
-    return text[:cut] if cut >= 0 and text.endswith("]") else text
+class EngineCore:
+    """The issue/run machinery under every engine: sequence numbers, the group's order, the
+    progress thread, the flight recorder's feed, desync checks, failure and shutdown.
 
-
-class Options:
-    """Backend options as torch's ``ProcessGroupGloo._Options``: ``_timeout``, ``_devices``, ``_threads``."""
-
-    def __init__(self, timeout: timedelta | float | None = None) -> None:
-        self._timeout = timeout if timeout is not None else timedelta(minutes=30)
-        self._devices: list[Any] = []
-        self._threads = 2
-        self.backend = "tcp"
-
-    @property
-    def timeout(self) -> timedelta:
-        return self._timeout
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "_timeout":
-            if isinstance(value, (int, float)):
-                value = timedelta(seconds=value)
-            # In seconds too: every operation reads it (``Engine.timeout_s``).
-            secs = value.total_seconds() if isinstance(value, timedelta) else None
-            super().__setattr__("_timeout_s", secs)
-        super().__setattr__(name, value)
-
-
-class Engine:
-    """Issue/run machinery; ``ops.CollectiveOps`` adds the collectives on top."""
+    ``engine.Engine`` is the class backends use: this core with the operations on top
+    (``ops``, ``ops_gather``, ``p2p``, ``lane``), which call into it through ``_submit``.
+    """
 
     backend_name = "tcp"
     #: An asynchronous operation started on the lean lane and not finished (``lane.LaneOps``
     #: sets it; it counts in ``_pending``): every later operation of the group settles it
     #: first (``_settle_started``), since this rank may post nothing more before it is done.
     _started: Any = None
+    #: Shrinks of this group so far: the next one's name (``shrink_name``).
+    _shrinks = 0
     #: Fingerprint every collective's messages (``PYC10D_DESYNC_CHECK=0`` turns it off).
     desync_check = settings.DESYNC_CHECK.get()
 
@@ -132,7 +103,7 @@ class Engine:
         # issue order, whether the progress thread or a waiter runs it (``_run_here``).
         self._exec = threading.Lock()
         self._pending = 0  # issued and not finished
-        self._jobs: deque[tuple] = deque()  # issued, not yet taken up, in issue order
+        self._jobs: deque[Job] = deque()  # issued, not yet taken up, in issue order
         self._queue: queue.SimpleQueue = queue.SimpleQueue()  # one token per queued job; None stops
         self._worker: threading.Thread | None = None
         self._broken: BaseException | None = None
@@ -213,21 +184,13 @@ class Engine:
         ``red`` and ``root`` go into the fingerprint every message of the operation carries
         (with ``opname``), so that ranks running different collectives fail instead of mixing.
         """
-        if self._started is not None:  # (only a ``LaneOps`` sets it)
+        if self._started is not None:  # (only the lane sets it)
             self._settle_started(sync)
         timeout = self._op_timeout(opts)
         log = self.recorder
-        if log is not None:  # what the ring says about the tensors (``first_tensor``, inlined)
-            t = outputs[0] if outputs.__class__ is list and outputs else outputs
-            if t.__class__ is not _Tensor:
-                t = first_tensor(outputs)
-            if t is None:
-                numel, dtype = 0, None
-            else:
-                numel, dtype = t.numel(), t.dtype
         with self._lock:
             if self._closed:
-                raise DistBackendError(f"{opname}: process group {self.group_name!r} was destroyed")
+                raise failures.destroyed(opname, self.group_name)
             self._seq += 1
             seq = self._seq & 0x7FFFFFFF
             # Taking ``_exec`` here, under ``_lock``, keeps a job issued meanwhile by another
@@ -235,21 +198,19 @@ class Engine:
             inline = sync and self._pending == 0 and self._exec.acquire(blocking=False)
             if inline:  # it starts now; its entry says so with a negative time (one store less)
                 now = _now()
-                if log is not None:  # (``FlightRecorder.issue``, inlined)
-                    log.ops[seq & log.mask] = (seq, opname, red, root, numel, dtype, -now)
+                if log is not None:
+                    log.issue(seq, opname, outputs, -now, red, root)
             else:
                 now = 0.0  # it starts when it runs
                 if log is not None:
-                    slot = seq & log.mask
-                    log.ops[slot] = (seq, opname, red, root, numel, dtype, _now())
-                    log.started[slot] = 0.0
+                    log.issue(seq, opname, outputs, _now(), red, root)
             early = self._early.pop(seq, None) if self._early else None
             self._pending += 1
             # An inline operation's handle is made finished (no latch to build and release);
             # only a failure gets a Work, to carry the error to ``wait``.
             work = CompletedWork(opname, outputs, self._seq) if inline else Work(opname, outputs, self._seq)
             channel = (self.group_key << 32) | seq
-            job = (work, fn, channel, timeout, now, red, root)
+            job = Job(work, fn, channel, timeout, now, red, root)
             if not inline:
                 self._enqueue(job)
                 work._runner = self._run_here
@@ -270,7 +231,7 @@ class Engine:
             work._finish(error)
         return work
 
-    def _enqueue(self, job: tuple, first: bool = False) -> None:
+    def _enqueue(self, job: Job, first: bool = False) -> None:
         """Queue ``job`` for the progress thread (started at the first); ``first``: ahead of
         every queued job. The caller holds ``_lock``."""
         if first:
@@ -328,11 +289,7 @@ class Engine:
         if mine == theirs or self._desync is not None:
             return
         who = self.ranks.index(peer) if peer in self.ranks else peer
-        error = DistBackendError(
-            f"{opname} #{seq} in group {self.group_name!r}: desync: rank {who} is running "
-            f"{describe_fingerprint(theirs)}, rank {self._rank} is running {describe_fingerprint(mine)} "
-            f"(the ranks called different collectives, or one with a different reduce op or root)"
-        )
+        error = failures.desync(opname, seq, self.group_name, who, theirs, self._rank, mine)
         self._desync = error
         self.transport.cancel(self.group_key, error)  # the operation waiting here fails with it
 
@@ -347,7 +304,7 @@ class Engine:
                     job = self._jobs.popleft() if self._jobs else None
                 error = self._run(job) if job is not None else None
             if job is not None:
-                job[0]._finish(error)
+                job.work._finish(error)
 
     def _run_here(self, work: Work) -> bool:
         """Run ``work``'s queued job on the calling thread, if that keeps the group's order.
@@ -362,7 +319,7 @@ class Engine:
             return False
         try:
             with self._lock:
-                if not self._jobs or self._jobs[0][0] is not work:
+                if not self._jobs or self._jobs[0].work is not work:
                     return False
                 job = self._jobs.popleft()
             error = self._run(job)  # its token, when the progress thread gets to it, finds nothing
@@ -382,7 +339,7 @@ class Engine:
     def running(self) -> tuple[int, str, float] | None:
         return self._running_op
 
-    def _run(self, job: tuple) -> BaseException | None:
+    def _run(self, job: Job) -> BaseException | None:
         """Run ``job``; its error, if any. The caller holds ``_exec`` and finishes the Work
         after releasing it (a Future's callbacks may issue the group's next operation).
 
@@ -395,7 +352,7 @@ class Engine:
         was started on unless ``_ExperimentalConfig(profile_all_threads=True)``; ``_submit``
         marks every queued operation on its issuing thread for that reason.)
         """
-        work, fn, channel, timeout, now, red, root = job
+        work, fn, channel, timeout, now, _, _ = job
         started = self._started
         if started is not None and started.work is not work:  # (an issue that raced the lane's start)
             self._complete_started()
@@ -409,7 +366,7 @@ class Engine:
         self._entered = (work.seq, work.opname)
         try:
             if self._broken is not None:
-                raise type(self._broken)(f"unusable after an earlier failure: {_without_trace(self._broken)}")
+                raise failures.unusable(self._broken)
             if self._desync is not None:  # found after an earlier operation had returned
                 raise self._desync
             comm = Comm(self.transport, self.ranks, self._rank, channel, timeout, work.opname)
@@ -424,13 +381,63 @@ class Engine:
         except BaseException as e:  # noqa: BLE001 - handed to the waiter
             error = self._failed(e, work)
         finally:
-            self._running_op = None
-            if error is None and log is not None:
-                log.ended[work.seq & log.mask] = _now()
-            self._completed = (work.seq, work.opname)
-            with self._lock:
-                self._pending -= 1
+            self._ended(work.seq, work.opname, error)
         return error
+
+    # -- the sequencer and the bookkeeping every path shares --------------------------------
+    # ``_submit`` issues (and queues, or runs inline) an operation; ``_claim`` takes the next
+    # one for a caller that runs it at once when the group is idle (the lane); both end in
+    # ``_ended``. ``_run`` and the lane record entry and end through the same fields.
+    def _claim(self) -> int:
+        """The group's next sequence number, taken for an operation run at once on the
+        calling thread (the lane's: ``_exec`` held, one operation pending), or 0 having taken
+        nothing: something of the group is queued or running, or it is closed, broken or
+        desynchronised (the caller then submits it, which queues it or raises what it must)."""
+        lock = self._lock
+        lock.acquire()
+        if (self._pending or self._closed or self._broken is not None or self._desync is not None
+                or not self._exec.acquire(False)):
+            lock.release()
+            return 0
+        self._seq = full = self._seq + 1
+        self._pending = 1
+        lock.release()
+        return full
+
+    def _entry(self, full: int, opname: str, red: ReduceOp | None, root: int, x: torch.Tensor | None) -> float:
+        """Record operation ``full`` (claimed) as issued and running; its start time."""
+        seq = full & 0x7FFFFFFF
+        now = _now()
+        log = self.recorder
+        if log is not None:
+            log.issue(seq, opname, x, -now, red, None if root < 0 else root)
+        self._running_op = (full, opname, now)
+        self._entered = (full, opname)
+        return now
+
+    def _check_early(self, full: int, opname: str, red: ReduceOp | None, root: int) -> None:
+        """Check the messages peers sent for operation ``full`` before it was issued here, as
+        ``_submit`` does (a peer running ahead is common on tcp, where the lane reads ahead;
+        a fingerprint that differs fails the operation: ``_check_fingerprint``)."""
+        seq = full & 0x7FFFFFFF
+        early = self._early.pop(seq, None)
+        if early and self.desync_check:
+            fp = fingerprint(opname, red, None if root < 0 else root)
+            for peer, theirs in early:
+                self._check_fingerprint(peer, seq, theirs, fp, opname)
+
+    def _ended(self, full: int, opname: str, error: BaseException | None) -> None:
+        """Operation ``full`` is over: its end recorded (``error`` None: it succeeded; a failed
+        one's end was marked by ``_failed``), counted done. Every path that runs one ends here."""
+        self._running_op = None
+        log = self.recorder
+        if error is None and log is not None:
+            log.ended[full & 0x7FFFFFFF & log.mask] = _now()
+        self._completed = (full, opname)
+        lock = self._lock
+        lock.acquire()
+        self._pending -= 1
+        lock.release()
 
     def _failed(self, e: BaseException, work: Work) -> BaseException:
         """What ``work`` failing with ``e`` means for the group (every path that runs an
@@ -445,18 +452,8 @@ class Engine:
 
     def _annotate(self, error: BaseException, work: Work) -> BaseException:
         """Name the group and the operation's sequence number in pyc10d's own errors, so that
-        the logs of different ranks line up (``allreduce #17 in group 'default': ...``), and lead
-        the detail with torch's phrase for a timeout or a lost peer (``errors.with_torch_phrase``)
-        so code matching torch's backends' wording matches pyc10d's too."""
-        if not isinstance(error, DistError):
-            return error
-        head = f"{work.opname} #{work.seq} in group {self.group_name!r}"
-        msg = str(error)
-        if msg.startswith(head):
-            return error
-        if msg.startswith(f"{work.opname}: "):
-            msg = msg[len(work.opname) + 2:]
-        return _reworded(error, f"{head}: {with_torch_phrase(error, msg)}")
+        the logs of different ranks line up (``failures.annotated``)."""
+        return failures.annotated(error, work.opname, work.seq, self.group_name)
 
     def _explain_failure(self, error: BaseException, work: Work) -> BaseException:
         """A lost peer is reported with the reason a member gave when it aborted (the root
@@ -489,7 +486,7 @@ class Engine:
         if not said or said[0][1] in str(error):
             return error
         who, reason = said[0]
-        return DistNetworkError(f"{error}; rank {self.ranks.index(who)} had aborted the group: {reason}")
+        return failures.peer_aborted(error, self.ranks.index(who), reason)
 
     def _with_trace(self, error: BaseException) -> BaseException:
         """Dump the flight recorder and say where (pyc10d's own errors only)."""
@@ -501,14 +498,11 @@ class Engine:
             return error
         if path is None:
             return error
-        return _reworded(error, f"{error} [flight recorder: {path}]")
+        return failures.with_trace(error, path)
 
     def _cause(self, error: BaseException, work: Work) -> str:
-        """What the peers are told when an error not of pyc10d's own (a reduction kernel that
-        failed once bytes had moved, say) fails ``work`` here: which operation, where, and the
-        error's type and text, so that every rank names the cause, not only this one."""
-        return (f"{work.opname} #{work.seq} in group {self.group_name!r} failed on rank {self._rank} "
-                f"after it had started: {type(error).__name__}: {error}")
+        """What the peers are told when an error not of pyc10d's own fails ``work`` here."""
+        return failures.foreign_cause(error, work.opname, work.seq, self.group_name, self._rank)
 
     def _fail_group(self, error: BaseException, reason: str | None = None) -> None:
         """Mark the group failed with ``error`` and abort it, telling the peers ``reason``
@@ -527,21 +521,37 @@ class Engine:
     def _run_sync(self, opname: str, fn: Callable[[Comm], Any], outputs: Any, opts: Any = None) -> Work:
         return self._submit(opname, fn, outputs, opts, sync=True)
 
-    def derive(self, ranks: list[int], rank: int, group_name: str, options: Options) -> Engine:
+    def derive(self, ranks: list[int], rank: int, group_name: str, options: Options) -> EngineCore:
         """The engine of a subgroup of this group (``ranks``: ranks of this group; ``rank``:
         this process's rank in the subgroup) that shares this engine's transport, so that a
         ``new_group`` costs no new connections. A backend that composes engines overrides it."""
         return type(self)(self.transport, [self.ranks[r] for r in ranks], rank, group_name, options)
 
-    #: torch's ``Backend.supports_shrinking``: every engine can (``shrink``).
-    supports_shrinking = True
+    # -- shrinking (``shrink.py``) -----------------------------------------------------------
+    def shrink_name(self) -> str:
+        """The name of this group's next shrink: the parent's, and how many shrinks of it came
+        before, which every survivor counts alike (so the shrunk group's channels are its own)."""
+        count = self._shrinks
+        self._shrinks = count + 1
+        return f"{self.group_name}.shrink{count}"
 
-    def shrink(self, ranks_to_exclude: list[int], shrink_flags: int = 0, opts_override: Any = None) -> Engine:
-        """torch's ``Backend.shrink``: the engine of this group's ranks less ``ranks_to_exclude``,
-        derived over the same transports (``backends.shrink``)."""
-        from .shrink import shrink_engine  # (it builds on this module)
+    def components(self) -> list[EngineCore]:
+        """This engine and the engines it is composed of (hier overrides it)."""
+        return [self]
 
-        return shrink_engine(self, ranks_to_exclude, shrink_flags, opts_override)
+    def hand_transport_to(self, heir: EngineCore) -> None:
+        """Let ``heir`` close this engine's transport when it shuts down, if this engine owns it
+        (a shrunk group keeps its parent's connections when the parent is destroyed)."""
+        if self._owns_transport:
+            self._owns_transport = False
+            heir._owns_transport = True
+
+    # -- the lane's hooks (``lane.LaneOps`` overrides them) --------------------------------------
+    def _settle_started(self, block: bool) -> None:
+        """Finish or hand off the operation started on the lane (none here)."""
+
+    def _complete_started(self) -> None:
+        """Finish the operation started on the lane; the caller holds ``_exec`` (none here)."""
 
     # -- point to point ---------------------------------------------------------------------
     def _p2p_channel(self, tag: int) -> int:
@@ -563,19 +573,13 @@ class Engine:
             self._queue.put(None)
             if self._pending:
                 # An operation peers never joined would hold the thread until its timeout.
-                self.transport.cancel(
-                    self.group_key,
-                    DistBackendError(f"process group {self.group_name!r} was destroyed with operations pending"),
-                )
+                self.transport.cancel(self.group_key, failures.destroyed_pending(self.group_name))
             worker.join(timeout=5.0)
         if self._owns_transport:
             self.transport.close()
 
     def abort(self) -> None:
-        # The peers' error already says "aborted by rank N" (``transport.base.abort_error``)
-        # and names the group and operation: the reason they get is only what happened.
-        self._fail_group(DistBackendError(f"group {self.group_name!r} aborted by rank {self._rank}"),
-                         "it called abort()")
+        self._fail_group(failures.aborted_by(self.group_name, self._rank), "it called abort()")
         self.shutdown()
 
     def _check_device(self, tensors: list[torch.Tensor], opname: str) -> None:

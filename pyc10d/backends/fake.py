@@ -21,8 +21,8 @@ from ..algorithms.comm import Comm
 from ..store.base import Store
 from ..transport.fake import FakeTransport
 from . import checks as ck
-from .base import Options
-from .tcp import Backend
+from .engine import Engine
+from .options import Options
 from .work import CompletedWork, Work
 
 
@@ -39,7 +39,7 @@ def _chunk(inp: torch.Tensor, n: int, i: int) -> torch.Tensor:
     return inp.detach().reshape(n, -1)[i]
 
 
-class FakeBackend(Backend):
+class FakeBackend(Engine):
     backend_name = "fake"
 
     @classmethod

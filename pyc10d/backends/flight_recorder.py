@@ -71,13 +71,19 @@ class FlightRecorder:
         self.ended = array.array("d", bytes(8 * slots))
         self.dumped: str | None = None
 
-    def issue(self, seq: int, opname: str, outputs: Any, issued: float = 0.0) -> int:
-        """Write operation ``seq`` (the engine does the same inline on its hot path, with the
-        reduce op and root); its slot. ``issued`` below 0: it started at once (at ``-issued``)."""
-        t = first_tensor(outputs)
+    def issue(self, seq: int, opname: str, outputs: Any, issued: float = 0.0, red: Any = None,
+              root: int | None = None) -> int:
+        """Write operation ``seq`` into its slot, the only writer of ``ops``; the slot.
+        ``issued`` below 0: it started at once (at ``-issued``). A tensor or a list of them
+        is described without a search (the engine's hot path)."""
+        t = outputs[0] if outputs.__class__ is list and outputs else outputs
+        if t.__class__ is not _Tensor:
+            t = first_tensor(outputs)
         slot = seq & self.mask
-        self.ops[slot] = (seq, opname, None, None, 0 if t is None else t.numel(), None if t is None else t.dtype,
-                          issued)
+        if t is None:
+            self.ops[slot] = (seq, opname, red, root, 0, None, issued)
+        else:
+            self.ops[slot] = (seq, opname, red, root, t.numel(), t.dtype, issued)
         self.started[slot] = 0.0  # (one that started at issue says so in ``issued``)
         return slot
 

@@ -65,9 +65,11 @@ from ..types import (
     ScatterOptions,
 )
 from . import shm
-from .base import Engine, Options
+from .base import EngineCore
+from .engine import Engine
+from .options import Options
 from .staging import host
-from .tcp import Backend, TCPBackend
+from .tcp import TCPBackend
 from .topology import HostLayout
 from .work import Work
 
@@ -82,7 +84,7 @@ def _base_op(red: ReduceOp) -> Any:
     return ReduceOp.SUM if red.op in (RedOpType.AVG, RedOpType.PREMUL_SUM) else red
 
 
-class HierBackend(Backend):
+class HierBackend(Engine):
     """A group spanning hosts: shm within each host, tcp among the hosts' leaders."""
 
     backend_name = "hier"
@@ -289,6 +291,10 @@ class HierBackend(Backend):
     # -- failure and shutdown -------------------------------------------------------------
     def _subs(self) -> list[Engine]:
         return [e for e in (self.local, self.cross) if e is not None]
+
+    def components(self) -> list[EngineCore]:
+        """This engine and its shm and leaders' engines (a shrink hands their transports on)."""
+        return [self, *self._subs()]
 
     def _fail_group(self, error: BaseException, reason: str | None = None) -> None:
         if self._broken is None:

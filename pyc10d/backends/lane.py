@@ -47,9 +47,8 @@ from typing import Any, NamedTuple
 import torch
 from torch.autograd import profiler as _torch_profiler
 
-from ..algorithms.comm import fingerprint
 from ..types import RedOpType, ReduceOp
-from .base import Engine, _now
+from .base import EngineCore, Job
 from .work import StartedWork, Work
 
 #: The reduce ops a lane serves, by the ``id`` of every object that names one (pyc10d's
@@ -91,7 +90,7 @@ def _plain(t: Any) -> bool:
             and t.is_contiguous())
 
 
-class LaneOps(Engine):
+class LaneOps(EngineCore):
     """The ``lean_*`` entries; a backend supplies the steps (``_lane_step``)."""
 
     _steps: dict | None = None
@@ -195,58 +194,6 @@ class LaneOps(Engine):
         if error is not None:
             raise error
         return full
-
-    def _claim(self) -> int:
-        """The group's next sequence number, taken for an operation on the lane (``_exec``
-        held, one operation pending), or 0 having taken nothing: something of the group is
-        queued or running, or it is closed, broken or desynchronised (the general path then
-        queues the call, or raises what it must)."""
-        lock = self._lock
-        lock.acquire()
-        if (self._pending or self._closed or self._broken is not None or self._desync is not None
-                or not self._exec.acquire(False)):
-            lock.release()
-            return 0
-        self._seq = full = self._seq + 1
-        self._pending = 1
-        lock.release()
-        return full
-
-    def _entry(self, full: int, opname: str, red: ReduceOp | None, root: int, x: torch.Tensor | None) -> float:
-        """Record operation ``full`` as issued and running (as ``_submit`` and ``_run`` do);
-        its start time."""
-        seq = full & 0x7FFFFFFF
-        now = _now()
-        log = self.recorder
-        if log is not None:  # as ``_submit`` writes it
-            log.ops[seq & log.mask] = (seq, opname, red, None if root < 0 else root,
-                                       0 if x is None else x.numel(), None if x is None else x.dtype, -now)
-        self._running_op = (full, opname, now)
-        self._entered = (full, opname)
-        return now
-
-    def _check_early(self, full: int, opname: str, red: ReduceOp | None, root: int) -> None:
-        """Check the messages peers sent for operation ``full`` before it was issued here, as
-        ``_submit`` does (a peer running ahead is common on tcp, where the lane reads ahead;
-        a fingerprint that differs fails the operation: ``_check_fingerprint``)."""
-        seq = full & 0x7FFFFFFF
-        early = self._early.pop(seq, None)
-        if early and self.desync_check:
-            fp = fingerprint(opname, red, None if root < 0 else root)
-            for peer, theirs in early:
-                self._check_fingerprint(peer, seq, theirs, fp, opname)
-
-    def _ended(self, full: int, opname: str, error: BaseException | None) -> None:
-        """Operation ``full`` is over (as ``_run``'s end): recorded, counted done."""
-        self._running_op = None
-        log = self.recorder
-        if error is None and log is not None:
-            log.ended[full & 0x7FFFFFFF & log.mask] = _now()
-        self._completed = (full, opname)
-        lock = self._lock
-        lock.acquire()
-        self._pending -= 1
-        lock.release()
 
     # -- asynchronous calls: started here, finished when needed -----------------------------
     def _start_step(self, opname: str, red: ReduceOp | None, root: int, x: torch.Tensor | None,
@@ -354,7 +301,7 @@ class LaneOps(Engine):
                     s.step.finish(s.x, s.y, s.c, s.deadline)
 
                 channel = (self.group_key << 32) | (work.seq & 0x7FFFFFFF)
-                self._enqueue((work, finish, channel, s.timeout, s.since, s.red, s.root), first=True)
+                self._enqueue(Job(work, finish, channel, s.timeout, s.since, s.red, s.root), first=True)
         finally:
             self._exec.release()
 

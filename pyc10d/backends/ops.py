@@ -27,7 +27,7 @@ from ..types import (
 )
 from . import checks as ck
 from .accepts import check_tensor, check_tensors, reduction
-from .base import Engine
+from .base import EngineCore
 from .sparse import sparse_allreduce
 from .staging import host, writeback
 from .work import Work
@@ -40,7 +40,7 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-class CollectiveOps(Engine):
+class CollectiveOps(EngineCore):
     """Collectives on top of the engine; see ``ProcessGroup`` for the user-facing docs."""
 
     # -- all_reduce family ----------------------------------------------------------------

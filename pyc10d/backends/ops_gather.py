@@ -19,7 +19,7 @@ from ..types import (
 )
 from . import checks as ck
 from .accepts import check_tensor, check_tensors, reduction
-from .base import Engine
+from .base import EngineCore
 from .staging import host, writeback
 from .work import Work
 
@@ -43,7 +43,7 @@ def _check_pairs(opname: str, outputs: list, inputs: list) -> None:
     check_tensors(opname, inputs, "inputs")
 
 
-class GatherOps(Engine):
+class GatherOps(EngineCore):
     def _gather_into(self, comm: algo.Comm, out: torch.Tensor, inp: torch.Tensor) -> None:
         """The all-gather step of every all_gather variant (a backend may override it)."""
         _gather_into(comm, out, inp)

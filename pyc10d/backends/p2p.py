@@ -22,7 +22,7 @@ from ..errors import DistBackendError, DistError, DistTimeoutError
 from ..types import BarrierOptions
 from . import checks as ck
 from .accepts import check_tensors
-from .base import _P2P_BIT, Engine
+from .base import _P2P_BIT, EngineCore
 from .staging import host, writeback
 from .work import CompletedWork, Work
 
@@ -36,7 +36,7 @@ class RecvWork(Work):
     """Completes when the posted receive has its data; copies back if the tensor was staged."""
 
     def __init__(self, pending: algo.comm.PendingRecv, dst: torch.Tensor, staged: torch.Tensor, src: int,
-                 engine: Engine | None = None, tag: int = 0) -> None:
+                 engine: EngineCore | None = None, tag: int = 0) -> None:
         super().__init__("recv", [dst])
         self._pending = pending
         self._dst, self._staged = dst, staged
@@ -127,7 +127,7 @@ def _now() -> float:
     return time.monotonic()
 
 
-class P2POps(Engine):
+class P2POps(EngineCore):
     #: Sends / receives counted while a profiler ran: the ``seq`` of their profiler ranges.
     _p2p_sends = 0
     _p2p_recvs = 0

@@ -38,9 +38,9 @@ from ..transport.shm_segment import Segment, new_name
 from ..transport.shm_segment import available as shm_dir_available
 from ..types import RedOpType
 from .accepts import reduction
-from .base import Options
+from .engine import Engine
+from .options import Options
 from .staging import host, writeback
-from .tcp import Backend
 
 _NAME_BYTES = 128
 #: One rank's slot in bytes; None picks ``slot_bytes``'s default. Tests set it tiny to force
@@ -68,7 +68,7 @@ def slot_bytes(size: int) -> int:
     return max(64 << 10, min(want, cap) // 4096 * 4096)
 
 
-class ShmBackend(Backend):
+class ShmBackend(Engine):
     """Every collective of a group of ranks on one host, over shared memory."""
 
     backend_name = "shm"

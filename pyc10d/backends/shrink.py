@@ -1,7 +1,7 @@
 """Shrinking a group to the ranks left: torch's ``Backend.shrink`` for every pyc10d engine.
 
 torch shrinks an NCCL communicator (``ncclCommShrink``); here the survivors' engine is
-derived from the parent's (``Engine.derive``), so it runs over the same transports (tcp
+derived from the parent's (``EngineCore.derive``), so it runs over the same transports (tcp
 connections, shm rings) with no store traffic and no message at all: each survivor computes
 it alone, and the dead rank is never asked for anything. It gets a name of its own — the
 parent's, and how many shrinks of that parent came before, which every survivor counts
@@ -13,9 +13,11 @@ rings, as every subgroup does.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from .base import Engine, Options
+from .base import EngineCore
+from .options import Options
 
 #: torch's ``distributed_c10d.SHRINK_DEFAULT``: the shrink leaves the parent's pending
 #: operations alone (they finish, or fail as their peers are gone; the parent is destroyed next).
@@ -25,14 +27,8 @@ SHRINK_DEFAULT = 0x00
 SHRINK_ABORT = 0x01
 
 
-def _engines(engine: Engine) -> list[Engine]:
-    """``engine`` and the engines it is composed of (hier: its shm and leaders' engines)."""
-    subs = getattr(engine, "_subs", None)
-    return [engine, *(subs() if subs is not None else [])]
-
-
-def shrink_engine(parent: Engine, ranks_to_exclude: list[int], shrink_flags: int = SHRINK_DEFAULT,
-                  opts_override: Any = None) -> Engine:
+def shrink_engine(parent: EngineCore, ranks_to_exclude: list[int], shrink_flags: int = SHRINK_DEFAULT,
+                  opts_override: Any = None) -> EngineCore:
     """The engine of ``parent``'s ranks less ``ranks_to_exclude`` (ranks of ``parent``),
     renumbered in order. Only the survivors call it; the caller has checked the ranks."""
     excluded = set(ranks_to_exclude)
@@ -40,26 +36,21 @@ def shrink_engine(parent: Engine, ranks_to_exclude: list[int], shrink_flags: int
         raise RuntimeError(f"shrink: rank {parent.rank()} of group {parent.group_name!r} is in the exclusion "
                            f"list {sorted(excluded)} and should not call shrink")
     survivors = [r for r in range(parent.size()) if r not in excluded]
-    count = getattr(parent, "_shrinks", 0)
-    parent._shrinks = count + 1  # type: ignore[attr-defined]
-    options = Options(parent.options._timeout)
-    timeout = getattr(opts_override, "_timeout", None)
-    if timeout is not None:
-        options._timeout = timeout
-    child = parent.derive(survivors, survivors.index(parent.rank()), f"{parent.group_name}.shrink{count}", options)
+    timeout = getattr(opts_override, "_timeout", None)  # torch's options name it so
+    options = Options(timedelta(seconds=parent.timeout_s) if timeout is None else timeout)
+    child = parent.derive(survivors, survivors.index(parent.rank()), parent.shrink_name(), options)
     _hand_over(parent, child)
     if shrink_flags & SHRINK_ABORT:
         parent.abort()
     return child
 
 
-def _hand_over(parent: Engine, child: Engine) -> None:
+def _hand_over(parent: EngineCore, child: EngineCore) -> None:
     """The transports ``parent`` owns (closes when it shuts down) go to the engine of
     ``child`` that runs on them: the parent is destroyed right after a shrink, and must not
     take the connections with it. One the child does not use stays the parent's."""
-    heirs = {id(e.transport): e for e in reversed(_engines(child))}
-    for e in _engines(parent):
+    heirs = {id(e.transport): e for e in reversed(child.components())}
+    for e in parent.components():
         heir = heirs.get(id(e.transport))
-        if e._owns_transport and heir is not None:
-            e._owns_transport = False
-            heir._owns_transport = True
+        if heir is not None:
+            e.hand_transport_to(heir)

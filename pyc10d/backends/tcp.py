@@ -15,25 +15,19 @@ from typing import Any
 import torch
 
 from .. import algorithms as algo
-from ..algorithms.comm import Comm, flat
+from ..algorithms.comm import Collective, Comm, flat
 from ..errors import DistInputError
 from ..store.base import Store
 from ..transport.tcp import TCPTransport
 from ..transport.tcp_direct import DirectIO
 from ..types import RedOpType
 from .accepts import reduction
-from .base import Options
-from .lane import LaneOps, Step
-from .ops import CollectiveOps
-from .ops_gather import GatherOps
-from .p2p import P2POps
+from .engine import Engine
+from .lane import Step
+from .options import Options
 
 
-class Backend(CollectiveOps, GatherOps, P2POps, LaneOps):
-    """Every collective of a group, over any transport."""
-
-
-class TCPBackend(Backend):
+class TCPBackend(Engine):
     backend_name = "tcp"
     _direct: DirectIO | None = None
 
@@ -69,7 +63,7 @@ class TCPBackend(Backend):
                     return False  # widened on the wire
             except DistInputError:
                 return False  # refused: the general path says why, every call
-        collective = (red, None if root < 0 else root) if self.desync_check else None
+        collective = Collective(red, None if root < 0 else root) if self.desync_check else None
         high = self.group_key << 32
         ranks, rank, scratch = self.ranks, self._rank, self._scratch
         if kind == "allreduce":

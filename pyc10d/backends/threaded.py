@@ -11,11 +11,11 @@ from datetime import timedelta
 
 from ..store.base import Store
 from ..transport.threaded import ThreadedTransport
-from .base import Options
-from .tcp import Backend
+from .engine import Engine
+from .options import Options
 
 
-class ThreadedBackend(Backend):
+class ThreadedBackend(Engine):
     backend_name = "threaded"
 
     @classmethod

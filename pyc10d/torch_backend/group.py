@@ -348,8 +348,6 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def _get_backend(self, device: Any = None) -> Any:
         """torch's device-backend lookup, which ``torch.distributed.shrink_group`` starts with
         (``shrink.py``: a Python group has no C++ backend to answer)."""
-        from .shrink import backend_for  # (it builds on this module)
-
         return backend_for(self, device)
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -364,3 +362,41 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     def set_timeout(self, timeout: timedelta) -> None:
         self._engine._set_default_timeout(timeout)
+
+
+class ShrinkableBackend:
+    """What torch's ``shrink_group`` talks to for a plugin group: the flags torch reads on
+    a device backend (only shrinking is offered), and ``shrink``."""
+
+    supports_shrinking = True
+    supports_splitting = False
+    supports_coalescing = False
+    supports_time_estimate = False
+
+    def __init__(self, pg: TorchProcessGroup) -> None:
+        self._pg = pg
+
+    def supports_tensor_alloc(self, device: Any) -> bool:
+        return False
+
+    def rank(self) -> int:
+        return self._pg.rank()
+
+    def size(self) -> int:
+        return self._pg.size()
+
+    def name(self) -> str:
+        return self._pg.getBackendName()
+
+    def shrink(self, ranks_to_exclude: list[int], shrink_flags: int = 0, opts_override: Any = None) -> TorchProcessGroup:
+        engine = self._pg.engine.shrink(list(ranks_to_exclude), shrink_flags, opts_override)
+        return TorchProcessGroup(engine, engine.rank(), engine.size(), self._pg.getBackendName())
+
+
+def backend_for(pg: TorchProcessGroup, device: Any) -> ShrinkableBackend:
+    """``pg._get_backend(device)``: the shrink interface for the CPU (or no device)."""
+    kind = "cpu" if device is None else torch.device(device).type
+    if kind != "cpu":
+        raise RuntimeError(f"Could not retrieve or create the backend for device type {kind}: "
+                           f"pyc10d's group {pg.getGroupName()!r} runs on CPU tensors")
+    return ShrinkableBackend(pg)

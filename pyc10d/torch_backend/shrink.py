@@ -9,7 +9,7 @@ when the default one was shrunk. The plugin's group is a Python ``ProcessGroup``
 registered backend, and torch 2.13's ``Backend`` cannot be subclassed in Python (it binds no
 constructor), so:
 
-* ``TorchProcessGroup._get_backend`` answers, for the CPU, a ``ShrinkableBackend`` that
+* ``TorchProcessGroup._get_backend`` answers, for the CPU, a ``ShrinkableBackend`` (``group.py``) that
   declares ``supports_shrinking`` and whose ``shrink`` returns the survivors'
   ``TorchProcessGroup`` (``backends.shrink``: derived from the parent's engine, no store);
   for another device it raises as torch does for a group with no backend there;
@@ -25,48 +25,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 import torch.distributed.distributed_c10d as c10d
 
 from .group import TorchProcessGroup
-
-
-class ShrinkableBackend:
-    """What torch's ``shrink_group`` talks to for a plugin group: the flags torch reads on
-    a device backend (only shrinking is offered), and ``shrink``."""
-
-    supports_shrinking = True
-    supports_splitting = False
-    supports_coalescing = False
-    supports_time_estimate = False
-
-    def __init__(self, pg: TorchProcessGroup) -> None:
-        self._pg = pg
-
-    def supports_tensor_alloc(self, device: Any) -> bool:
-        return False
-
-    def rank(self) -> int:
-        return self._pg.rank()
-
-    def size(self) -> int:
-        return self._pg.size()
-
-    def name(self) -> str:
-        return self._pg.getBackendName()
-
-    def shrink(self, ranks_to_exclude: list[int], shrink_flags: int = 0, opts_override: Any = None) -> TorchProcessGroup:
-        engine = self._pg.engine.shrink(list(ranks_to_exclude), shrink_flags, opts_override)
-        return TorchProcessGroup(engine, engine.rank(), engine.size(), self._pg.getBackendName())
-
-
-def backend_for(pg: TorchProcessGroup, device: Any) -> ShrinkableBackend:
-    """``pg._get_backend(device)``: the shrink interface for the CPU (or no device)."""
-    kind = "cpu" if device is None else torch.device(device).type
-    if kind != "cpu":
-        raise RuntimeError(f"Could not retrieve or create the backend for device type {kind}: "
-                           f"pyc10d's group {pg.getGroupName()!r} runs on CPU tensors")
-    return ShrinkableBackend(pg)
 
 
 def install() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pyc10d.backends.base import Engine
+from pyc10d.backends.engine import Engine
 from pyc10d.errors import DistTimeoutError
 from pyc10d.transport.fake import FakeTransport
 
