@@ -77,8 +77,8 @@ class FlightRecorder:
         ``issued`` below 0: it started at once (at ``-issued``). A tensor or a list of them
         is described without a search (the engine's hot path)."""
         t = outputs[0] if outputs.__class__ is list and outputs else outputs
-        if t.__class__ is not _Tensor:
-            t = first_tensor(outputs)
+        if t.__class__ is not _Tensor:  # (no tensor at all, a barrier's ``[]``: no search)
+            t = None if outputs.__class__ is list and not outputs else first_tensor(outputs)
         slot = seq & self.mask
         if t is None:
             self.ops[slot] = (seq, opname, red, root, 0, None, issued)
