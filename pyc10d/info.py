@@ -54,7 +54,8 @@ def torch_backends() -> dict[str, Any]:
 
 def shared_memory() -> dict[str, Any]:
     """``/dev/shm``'s size, and one segment created, written, read back and removed."""
-    from pyc10d.transport import futex, shm_segment
+    from pyc10d.transport.shm import futex
+    from pyc10d.transport.shm import segment as shm_segment
 
     out: dict[str, Any] = {"dir": shm_segment.SHM_DIR, "futex": futex.available()}
     try:
@@ -85,7 +86,7 @@ def shared_memory() -> dict[str, Any]:
 def network() -> dict[str, Any]:
     """The address a rank would advertise for its tcp listener, with the store where
     ``MASTER_ADDR`` says (this host when unset), and this host's interfaces (IPv4 address, else IPv6)."""
-    from pyc10d.transport.netif import advertised_address, interface_addresses
+    from pyc10d.transport.tcp.netif import advertised_address, interface_addresses
 
     store_host = os.environ.get("MASTER_ADDR") or None
     out: dict[str, Any] = {"interfaces": interface_addresses(), "store_host": store_host or "127.0.0.1"}

@@ -10,7 +10,7 @@ mechanisms together bound that wait by ``peer_timeout()`` (default 15 s; 0 turns
   ``get``, and gives up when the peer's host stops answering;
 * ``TCP_USER_TIMEOUT`` = T fails a connection whose sent data stays unacknowledged that long
   (the kernel's own default retries for about 15 minutes), and also caps the keepalive;
-* the tcp transport's heartbeat (``transport.heartbeat``): each rank sends an empty frame on
+* the tcp transport's heartbeat (``transport.tcp.heartbeat``): each rank sends an empty frame on
   every connection it has sent nothing on for T/3, and names a peer it has received nothing
   from for T. This is the only one that sees a frozen *process* (SIGSTOP, a debugger, a
   livelock outside Python's reach): its kernel keeps answering TCP, so the two above never

@@ -44,7 +44,7 @@ from datetime import timedelta
 import torch
 
 import pyc10d as dist
-from pyc10d.transport.shm_segment import created_by
+from pyc10d.transport.shm.segment import created_by
 
 FORK = multiprocessing.get_context("fork")
 OPS = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",

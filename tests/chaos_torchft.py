@@ -166,7 +166,7 @@ def chaos(failures: int, replicas: int = 3, seed: int = 1, deadline_s: float = 1
           log: Any = print) -> dict[str, Any]:
     """Run ``failures`` kills; return the verdict (``ok``, ``problems``, recovery times)."""
     from pyc10d.bench.launch import free_port
-    from pyc10d.transport.shm_segment import created_by
+    from pyc10d.transport.shm.segment import created_by
 
     rng = random.Random(seed)
     port = free_port()

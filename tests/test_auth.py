@@ -24,7 +24,7 @@ from pyc10d import auth
 from pyc10d.errors import DistNetworkError
 from pyc10d.store import HashStore, PrefixStore, TCPStore
 from pyc10d.transport.tcp import TCPTransport
-from pyc10d.transport.tcp_listener import HELLO
+from pyc10d.transport.tcp.listener import HELLO
 
 TOKEN = "correct horse battery staple"
 #: The timeout of a client that is refused: it must fail well before it (a third of it), which a

@@ -38,8 +38,8 @@ def test_a_bad_value_is_named(fn, raw: str, says: str, monkeypatch: pytest.Monke
 
 def test_the_settings_read_through_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from pyc10d.backends import shm
-    from pyc10d.transport.shm_arena import caller_spin
-    from pyc10d.transport.tcp_owner import spin_seconds, spin_yields
+    from pyc10d.transport.shm.arena import caller_spin
+    from pyc10d.transport.tcp.owner import spin_seconds, spin_yields
 
     monkeypatch.setattr(shm, "SLOT_BYTES", None)
     monkeypatch.setenv("PYC10D_SHM_SLOT_BYTES", "256K")

@@ -181,7 +181,7 @@ def _rank_exits(rank: int, ws: int, when: str) -> float | None:
             os._exit(17)
         if when == "during" and dist.get_backend() == "shm":
             # shm collectives post to the shared arena instead of sending messages
-            from pyc10d.transport import shm_arena
+            from pyc10d.transport.shm import arena as shm_arena
 
             post, posts = shm_arena.Arena.post, [0]
 
@@ -203,8 +203,8 @@ def _rank_exits(rank: int, ws: int, when: str) -> float | None:
                 return send(*args, **kwargs)
 
             transport.send = dying_send
-            # tcp's lane writes through the caller's ``DirectIO`` (``transport/tcp_direct``)
-            from pyc10d.transport.tcp_direct import DirectIO
+            # tcp's lane writes through the caller's ``DirectIO`` (``transport/tcp/direct``)
+            from pyc10d.transport.tcp.direct import DirectIO
 
             direct_send = DirectIO.send
 

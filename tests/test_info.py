@@ -14,7 +14,7 @@ import torch
 
 import pyc10d
 from pyc10d import info
-from pyc10d.transport import shm_segment
+from pyc10d.transport.shm import segment as shm_segment
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -26,7 +26,7 @@ import pytest
 
 from pyc10d.errors import DistNetworkError
 from pyc10d.launch_env import LaunchEnv, detect, local_rank, parse_hostlist, slurm_port
-from pyc10d.transport.netif import advertised_address, choose_interface, interface_addresses
+from pyc10d.transport.tcp.netif import advertised_address, choose_interface, interface_addresses
 
 pytestmark = pytest.mark.interpreters  # starts Python interpreters: see conftest.py
 
@@ -231,7 +231,7 @@ def test_advertised_address_precedence() -> None:
 def test_a_shared_file_store_advertises_this_hosts_address(monkeypatch: pytest.MonkeyPatch) -> None:
     # file:// ranks may sit on any host that shares the file: never loopback when the host
     # has another address (its name's, as Gloo takes it, else its first other interface's)
-    from pyc10d.transport import netif
+    from pyc10d.transport.tcp import netif
 
     monkeypatch.setattr(netif.socket, "gethostname", lambda: "nodeA")
     monkeypatch.setattr(netif, "interface_addresses",

@@ -5,7 +5,7 @@ Two namespace hosts (``pyc10d.testing.hosts``), one rank each, all-reduce in a l
 silent — the link taken down, or every packet between them dropped by iptables, or the rank
 on h1 frozen with SIGSTOP (its kernel still answers TCP). No connection is closed, so
 nothing but the keepalive, the user timeout and the heartbeat (``pyc10d.keepalive``,
-``pyc10d.transport.heartbeat``) can tell; the collective's own timeout is 30 s. With the
+``pyc10d.transport.tcp.heartbeat``) can tell; the collective's own timeout is 30 s. With the
 bound set to 3 s, rank 0 must fail naming rank 1 with torch's "Timed out" within the bound
 plus the heartbeat's period (docs/failures.md: T + T/4) and some scheduling slack (scaled to
 the machine's speed by ``_clock.bound``: the promise itself is wall-clock time).

@@ -88,7 +88,7 @@ def _collectives(rank: int, ws: int, port: int, envs: dict[int, dict[str, str]],
         assert store.get("marker") == payload
     dist.barrier()  # rank 0's server stays up for that get
     out.append(bytes(marked.numpy()) == payload)
-    kinds = sorted({type(s).__name__ for s in dist.group.WORLD.transport._socks if s is not None})
+    kinds = sorted({type(s).__name__ for s in dist.group.WORLD.transport.socks if s is not None})
     return out + kinds
 
 

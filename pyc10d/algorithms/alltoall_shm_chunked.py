@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import DistBackendError
-from ..transport.shm_arena import Arena
+from ..transport.shm.arena import Arena
 from .comm import flat
 from .reduce_scatter_shm_chunked import block_piece
 from .shm_comm import CAT_BYTES, ShmComm, close_phase, descriptor_head, open_phase

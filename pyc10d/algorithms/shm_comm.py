@@ -2,7 +2,7 @@
 
 A ``ShmComm`` is made per operation by the shm backend. Instead of send/recv, an algorithm
 writes into its own slot of a phase, ``post``s the phase, waits for the ranks whose data it
-needs, and reads their slots (``transport/shm_arena.py`` explains why two alternating
+needs, and reads their slots (``transport/shm/arena.py`` explains why two alternating
 buffer parities are enough). ``start`` opens the operation: it publishes a descriptor
 (collective, dtype, bytes, root) that every rank checks against the others' at the first
 ``wait_all``, so ranks that disagree fail with a message instead of reading garbage.
@@ -14,7 +14,7 @@ import torch
 from torch.autograd import profiler as _torch_profiler
 
 from ..errors import DistBackendError
-from ..transport.shm_arena import Arena
+from ..transport.shm.arena import Arena
 from ..types import RedOpType, ReduceOp
 from . import profiling
 from .comm import dtype_code, dtype_name, flat

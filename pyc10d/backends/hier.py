@@ -134,7 +134,7 @@ class HierBackend(Engine):
         if self.local:
             self._done(self.local.reduce([t], self._opts(comm, ReduceOptions, reduceOp=base), _sync=True))
         # The leaders' all_reduce and the hosts' broadcast on their engines' lean lanes when
-        # they take them (tcp's reads the sockets on this thread: ``transport/tcp_direct``), the
+        # they take them (tcp's reads the sockets on this thread: ``transport/tcp/direct``), the
         # general path else. (On a lane a level runs under its engine's own timeout, the
         # group's, rather than what is left of this operation's.)
         if self.cross and not self.cross.lean_allreduce(t, base.op):

@@ -31,7 +31,7 @@ class Options:
 
 class DeviceSpec:
     """What ``create_device`` returns: Gloo's device, the interface or host a group should use.
-    pyc10d's transports choose their addresses themselves (``transport/netif.py``), so it is
+    pyc10d's transports choose their addresses themselves (``transport/tcp/netif.py``), so it is
     kept, not used."""
 
     def __init__(self, interface: str | None = None, hostname: str | None = None) -> None:

@@ -31,11 +31,11 @@ from ..algorithms.comm import flat
 from ..algorithms.reduce_ops import finish, premultiply
 from ..errors import DistBackendError, DistInputError
 from ..store.base import Store
-from ..transport import cpus, futex
-from ..transport.shm import ShmTransport
-from ..transport.shm_arena import Arena
-from ..transport.shm_segment import Segment, new_name
-from ..transport.shm_segment import available as shm_dir_available
+from ..transport import cpus
+from ..transport.shm import ShmTransport, futex
+from ..transport.shm.arena import Arena
+from ..transport.shm.segment import Segment, new_name
+from ..transport.shm.segment import available as shm_dir_available
 from ..types import RedOpType
 from .accepts import reduction
 from .engine import Engine

@@ -1,7 +1,7 @@
 """The TCP backend: the collective engine over a ``TCPTransport`` (multi-host capable).
 
 Its lean lane (``lane.py``) runs a synchronous collective with the calling thread reading
-and writing the peers' sockets itself (``transport/tcp_direct.py``): the same algorithm,
+and writing the peers' sockets itself (``transport/tcp/direct.py``): the same algorithm,
 chosen by the same ``select``, with the same channel and message words as the general path
 (a rank on the lane and a rank on the general path exchange correctly), minus the general
 path's layers and the hand-off from the receiver thread to the caller per message.
@@ -19,7 +19,7 @@ from ..algorithms.comm import Collective, Comm, flat
 from ..errors import DistInputError
 from ..store.base import Store
 from ..transport.tcp import TCPTransport
-from ..transport.tcp_direct import DirectIO
+from ..transport.tcp.direct import DirectIO
 from ..types import RedOpType
 from .accepts import reduction
 from .engine import Engine

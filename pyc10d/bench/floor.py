@@ -28,7 +28,7 @@ the two processes:
     The same with the receiver looking (``MSG_DONTWAIT``) until the data is there: the floor
     of the tcp rows, nothing Python could remove below it.
 ``pyc10d_tcp``
-    ``pyc10d.all_reduce`` on the tcp backend (its lean lane: ``transport/tcp_direct.py``).
+    ``pyc10d.all_reduce`` on the tcp backend (its lean lane: ``transport/tcp/direct.py``).
 ``plugin_tcp``
     ``torch.distributed.all_reduce`` on backend ``pyc10d_tcp``.
 

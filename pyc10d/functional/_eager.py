@@ -29,7 +29,7 @@ import torch
 from .. import collectives as C  # noqa: N812 - the public API, short
 from .. import settings
 from ..backends import Engine
-from ..transport.cpus import usable_cpus
+from ..transport.cpus import oversubscribed
 from ..types import AllreduceOptions, as_reduce_op
 from . import _buffers
 from ._groups import pg_by_name
@@ -47,7 +47,7 @@ def _limit() -> int:
         return INLINE_BYTES
     if _auto_limit is None:
         local = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
-        _auto_limit = DEFAULT_INLINE_BYTES if usable_cpus() >= 2 * local else sys.maxsize
+        _auto_limit = sys.maxsize if oversubscribed(2 * local) else DEFAULT_INLINE_BYTES
     return _auto_limit
 
 # storage pointer -> Work of the collective still writing it. The Work holds the output

@@ -15,7 +15,7 @@ each) at 8 B and 1 MiB. (A ping-ping, both sending at once, fitted ``cpu_beta`` 
 1 MiB took 620-640 µs, twice a 1 MiB all_reduce's two 512 KiB exchanges, and put the
 simulated n = 2 1 MiB all_reduce at 1.7-1.9x the measured against 1.5-1.6x.)
 At n ranks the ping-pong runs in n/2 pairs at once (each pair a group of its own); with more
-ranks than cores a waiting rank gives its CPU away (``transport.tcp_owner.spin_yields``) and
+ranks than cores a waiting rank gives its CPU away (``transport.tcp.owner.spin_yields``) and
 runs again only when the scheduler gets to it, so its 8 B one way takes longer than at n = 2 by a
 delay that is not CPU work of either rank: that difference is ``local_latency`` at n. (Fitted
 as CPU work instead, ``o`` = half the pairs' 8 B one way, the simulated n = 8 small

@@ -10,10 +10,10 @@ without this room noticing, and a reader sees at one glance what is borrowed.
 from __future__ import annotations
 
 from ..backends import shm as _shm_backend
-from ..transport import futex
-from ..transport.shm_arena import default_spin
-from ..transport.shm_segment import PeerWatch, Segment, new_name, unlink
-from ..transport.shm_segment import available as _dir_available
+from ..transport.shm import futex
+from ..transport.shm.arena import default_spin
+from ..transport.shm.segment import PeerWatch, Segment, new_name, unlink
+from ..transport.shm.segment import available as _dir_available
 
 __all__ = [
     "PeerWatch", "Segment", "available", "create_segment", "map_segment", "unlink_segment",

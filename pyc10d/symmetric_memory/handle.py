@@ -7,7 +7,7 @@ What a caller may rely on:
 * ``put_signal(d)`` / ``wait_signal(s)`` count: every ``put_signal`` from ``s`` to ``d`` on a
   channel releases exactly one ``wait_signal(s)`` on ``d``, however far apart they run, so a
   rank may signal before its peer waits. Data written before ``put_signal`` is visible after
-  the matching ``wait_signal`` (x86-64 keeps stores in order; see ``transport.futex``).
+  the matching ``wait_signal`` (x86-64 keeps stores in order; see ``transport.shm.futex``).
 * A wait spins for a few microseconds only when the host has a CPU per rank, then sleeps on a
   futex; it fails with the group's timeout naming the rank it waited for, and within a
   fraction of a second if that rank's process has died.

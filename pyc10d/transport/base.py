@@ -254,7 +254,7 @@ class Mailbox:
     def take_unexpected(self, peer: int, channel: int, buf: memoryview) -> tuple[int, int] | None:
         """The first message from ``peer`` on ``channel`` that came before any receive, copied
         into ``buf`` (``(nbytes, meta)``; a longer one is dropped, its length says so), or
-        None if there is none. For a receiver that reads the socket itself (``tcp_direct``)."""
+        None if there is none. For a receiver that reads the socket itself (``direct``)."""
         with self.lock:
             got = self._pop_unexpected(peer, channel)
         if got is None:

@@ -17,6 +17,15 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def oversubscribed(ranks_on_host: int, cpus: int | None = None) -> bool:
+    """The one answer to "more ranks on this host than CPUs?" (``cpus``: ``usable_cpus()``
+    unless given). It decides every policy that changes when ranks share CPUs: a waiting
+    rank yields its CPU (tcp's ``spin_yields``, shm's ``default_spin``), tcp's spin time,
+    socket buffers and how large a tensor the lane reads itself, and the functional
+    collectives' inline limit (asked for twice the ranks: a CPU for each rank's progress too)."""
+    return ranks_on_host > (usable_cpus() if cpus is None else cpus)
+
+
 #: ``PYC10D_BIND``: ``auto`` (default) gives each rank of a host its own share of the CPUs when
 #: its shared-memory transport starts (``place``); ``none`` leaves placement to the kernel.
 BIND_ENV = settings.BIND.name

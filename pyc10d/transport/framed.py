@@ -50,7 +50,7 @@ class BadFrame(DistNetworkError):
 def check_header(kind: int, nbytes: int, max_message: int) -> int:
     """Raise ``BadFrame`` unless a frame of ``kind`` may carry ``nbytes`` of payload; the
     number of stripes it comes in (0: one piece; a data frame may come in 2 to
-    ``MAX_STRIPES``, see ``tcp_lanes``)."""
+    ``MAX_STRIPES``, see ``lanes``)."""
     stripes = kind >> STRIPES_SHIFT
     if stripes and kind & ((1 << STRIPES_SHIFT) - 1) == KIND_DATA and 2 <= stripes <= MAX_STRIPES:
         kind = KIND_DATA
@@ -120,7 +120,7 @@ class FramedTransport(Transport):
                 if kind != KIND_DATA:
                     payload = bytearray(nbytes)
                     read(memoryview(payload), True)
-                    if self._control(peer, kind, channel, payload):
+                    if self.control_frame(peer, kind, channel, payload):
                         return
                     continue
                 # A large message whose receive is not posted yet would be read into a
@@ -130,9 +130,9 @@ class FramedTransport(Transport):
                 self._deliver(peer, channel, nbytes, meta, stripes, read,
                               WAIT_FOR_POST if nbytes >= POOL_MIN else 0.0)
         except Exception as e:  # noqa: BLE001 - whatever breaks the stream loses this peer only
-            self._stream_broken(peer, e)
+            self.stream_broken(peer, e)
 
-    def _control(self, peer: int, kind: int, channel: int, payload: bytes | bytearray) -> bool:
+    def control_frame(self, peer: int, kind: int, channel: int, payload: bytes | bytearray) -> bool:
         """Take a control frame; True when it ends the stream (a goodbye)."""
         box = self.mailbox
         if kind == KIND_PING:
@@ -168,7 +168,7 @@ class FramedTransport(Transport):
                 read(payload, True)
         except BaseException as e:
             if handle is not None and not handle.done():  # the peer went mid-message
-                self._stream_broken(peer, e)
+                self.stream_broken(peer, e)
                 handle.fail(box.dead.get(peer) or lost_error(peer, str(e)))
             raise
         if handle is not None:
@@ -177,7 +177,7 @@ class FramedTransport(Transport):
         else:
             box.arrived(peer, channel, payload, meta)
 
-    def _stream_broken(self, peer: int, e: BaseException) -> None:
+    def stream_broken(self, peer: int, e: BaseException) -> None:
         """What reading ``peer``'s stream raised ``e`` means: a peer that left or went silent
         is lost, one that sent garbage is dropped (the other peers carry on)."""
         box = self.mailbox

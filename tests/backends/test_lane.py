@@ -449,7 +449,7 @@ def _other_backends(rank: int, ws: int) -> list:
 @pytest.mark.parametrize(("backend", "general"), [("tcp", []), ("threaded", ["allreduce"] * 3)])
 def test_tcp_runs_synchronous_calls_on_the_lane_and_threaded_on_the_general_path(backend: str,
                                                                                  general: list) -> None:
-    """tcp's lane reads the sockets on the calling thread (``transport/tcp_direct``); the
+    """tcp's lane reads the sockets on the calling thread (``transport/tcp/direct``); the
     threaded backend has no lane, so every call takes the general path."""
     for r in run_ranks(backend, 2, _other_backends):
         assert r == [[8.0, 8.0], general]

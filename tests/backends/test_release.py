@@ -112,7 +112,7 @@ def _shm_maps() -> int:
 
 def _cycles(rank: int, world: int, api: str, backend: str, cycles: int) -> list[tuple[int, int, int, int]]:
     """(threads, fds, shm mappings, shm names this rank created) after 10 cycles and after all."""
-    from pyc10d.transport import shm_segment
+    from pyc10d.transport.shm import segment as shm_segment
 
     seen = []
     for i in range(cycles):

@@ -24,12 +24,12 @@ from _multirank import exited, run_ranks
 
 import pyc10d as dist
 from pyc10d.errors import DistError
-from pyc10d.transport.shm_segment import created_by
+from pyc10d.transport.shm.segment import created_by
 
 TINY = {
     "pyc10d.backends.shm.SLOT_BYTES": 256,
     "pyc10d.algorithms.SHM_FLAT_ALLREDUCE": 64,
-    "pyc10d.transport.shm.RING_BYTES": 1024,
+    "pyc10d.transport.shm.transport.RING_BYTES": 1024,
 }
 pytestmark = pytest.mark.timeout(45)
 
@@ -184,7 +184,7 @@ def test_segments_are_unlinked(world_size: int) -> None:
 
 # -- a rank that dies -----------------------------------------------------------------------------
 def _killed_mid_collective(rank: int, ws: int, victim: int, posts: int) -> tuple:
-    from pyc10d.transport import shm_arena
+    from pyc10d.transport.shm import arena as shm_arena
 
     pids = _pids()
     if posts > 1:  # else: die in the group's very first collective, before its arena is unlinked

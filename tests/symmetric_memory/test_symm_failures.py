@@ -22,7 +22,7 @@ from _multirank import exited, run_ranks
 import pyc10d as dist
 import pyc10d.symmetric_memory as symm
 from pyc10d.errors import DistNetworkError, DistTimeoutError
-from pyc10d.transport.shm_segment import PREFIX, created_by
+from pyc10d.transport.shm.segment import PREFIX, created_by
 
 pytestmark = pytest.mark.timeout(45)
 

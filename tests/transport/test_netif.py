@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pyc10d.errors import DistNetworkError
-from pyc10d.transport import netif
-from pyc10d.transport.netif import advertised_addresses, choose_interfaces
+from pyc10d.transport.tcp import netif
+from pyc10d.transport.tcp.netif import advertised_addresses, choose_interfaces
 
 pytestmark = pytest.mark.timeout(10)
 

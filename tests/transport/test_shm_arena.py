@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from pyc10d.transport import shm_arena
-from pyc10d.transport.shm_arena import Arena, caller_spin, default_spin
-from pyc10d.transport.shm_segment import PeerWatch, Segment, new_name
+from pyc10d.transport.shm import arena as shm_arena
+from pyc10d.transport.shm.arena import Arena, caller_spin, default_spin
+from pyc10d.transport.shm.segment import PeerWatch, Segment, new_name
 
 pytestmark = pytest.mark.timeout(30)
 

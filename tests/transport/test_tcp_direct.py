@@ -26,7 +26,7 @@ def _last_call_then_leave(rank: int, ws: int) -> int:
     """Rank 1 leaves at once after its last call, and rank 0 reads late in it: the peer's
     goodbye is in the socket right behind its last message, and a caller that reads ahead
     must not fail on it (it did: the barrier's token was read, then the goodbye raised)."""
-    from pyc10d.transport.tcp_direct import DirectIO
+    from pyc10d.transport.tcp.direct import DirectIO
 
     for i in range(10):
         t = torch.full((3,), float(rank + i))
@@ -213,7 +213,7 @@ def _two_rank_exchange(rank: int, ws: int) -> dict:
     """A two-rank small all_reduce is one ``DirectIO.exchange`` (receive posted, frame sent,
     the answer looked for, in one call): back to back, with the peer later than the spin
     (the handle's ``wait`` reads on), and with the ranks disagreeing (named, as off it)."""
-    from pyc10d.transport.tcp_direct import DirectIO
+    from pyc10d.transport.tcp.direct import DirectIO
 
     calls = []
     exchange = DirectIO.exchange
@@ -256,7 +256,7 @@ def _frame_read_while_taking(rank: int, ws: int) -> list[float]:
     taking the socket (forced here: ``_own`` sleeps past the receiver's grace first). The
     exchange must look in the mailbox after it owns the socket, not only before: it hung
     waiting on the socket for a frame already read (seen once in a benchmark run)."""
-    from pyc10d.transport.tcp_direct import DirectIO
+    from pyc10d.transport.tcp.direct import DirectIO
 
     if rank == 1:
         own = DirectIO._own

@@ -21,8 +21,8 @@ from pyc10d import settings
 from pyc10d.errors import DistNetworkError
 from pyc10d.store import HashStore, PrefixStore, Store
 from pyc10d.transport import framed
-from pyc10d.transport.tcp import _HEADER, TCPTransport
-from pyc10d.transport.tcp_listener import ACCEPTED, HELLO, HELLO_TIMEOUT_S
+from pyc10d.transport.tcp.listener import ACCEPTED, HELLO, HELLO_TIMEOUT_S
+from pyc10d.transport.tcp.transport import _HEADER, TCPTransport
 
 
 @pytest.fixture(autouse=True)

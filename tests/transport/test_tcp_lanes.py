@@ -1,4 +1,4 @@
-"""TCP lanes (``transport.tcp_lanes``): several addresses per rank, large messages striped over
+"""TCP lanes (``transport.tcp.lanes``): several addresses per rank, large messages striped over
 one connection per address pair, reassembled whole and in order; and IPv6 listeners.
 
 On one host: every 127.0.0.0/8 address is loopback on Linux, so ``127.0.0.1,127.0.0.2``
@@ -16,8 +16,8 @@ from test_tcp_transport import CH, close_all, world
 
 from pyc10d.algorithms.comm import byte_view
 from pyc10d.store import HashStore
-from pyc10d.transport import tcp_lanes
 from pyc10d.transport.tcp import TCPTransport
+from pyc10d.transport.tcp import lanes as tcp_lanes
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -65,7 +65,7 @@ def test_large_messages_are_striped_over_lanes(monkeypatch) -> None:
     monkeypatch.setenv("PYC10D_TCP_SOCKBUF", "65536")  # many partial reads and writes per stripe
     striped = []
     real = tcp_lanes.recv_stripes
-    monkeypatch.setattr("pyc10d.transport.tcp.recv_stripes",
+    monkeypatch.setattr("pyc10d.transport.tcp.transport.recv_stripes",
                         lambda socks, view, check: (striped.append(len(view)), real(socks, view, check)))
     a, b = world(2)
     try:
@@ -113,7 +113,7 @@ def test_ipv6_addresses_and_lanes(monkeypatch) -> None:
     a, b = world(2)
     try:
         _exchange(a, b, [3_000_001, 7])
-        assert a._socks[1].family == socket.AF_INET6
+        assert a.socks[1].family == socket.AF_INET6
         [lane] = a._lanes._out[1]
         assert lane.getpeername()[0] in ("127.0.0.1", "::ffff:127.0.0.1")
         assert a._addrs[0].startswith("::1,127.0.0.1:")

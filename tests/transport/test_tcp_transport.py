@@ -13,8 +13,9 @@ import torch
 from pyc10d.algorithms.comm import byte_view
 from pyc10d.errors import DistNetworkError
 from pyc10d.store import HashStore, PrefixStore
-from pyc10d.transport import framed, tcp
-from pyc10d.transport.tcp import TCPTransport, sockbuf_bytes
+from pyc10d.transport import cpus, framed
+from pyc10d.transport.tcp import transport as tcp
+from pyc10d.transport.tcp.transport import TCPTransport, sockbuf_bytes
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -65,7 +66,7 @@ def test_message_arrives_whole(numel: int, posted_first: bool, monkeypatch) -> N
 
 def test_sockbuf_policy(monkeypatch) -> None:
     monkeypatch.delenv("PYC10D_TCP_SOCKBUF", raising=False)
-    monkeypatch.setattr(tcp, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: 2)
     # More ranks than CPUs on this host: fixed buffers for same-host peers only.
     assert sockbuf_bytes(local=True, ranks_on_host=4) == tcp._OVERSUBSCRIBED_SOCKBUF
     assert sockbuf_bytes(local=False, ranks_on_host=4) == 0
@@ -80,14 +81,14 @@ def test_sockbuf_policy(monkeypatch) -> None:
 
 def test_oversubscribed_host_gets_fixed_buffers(monkeypatch) -> None:
     monkeypatch.delenv("PYC10D_TCP_SOCKBUF", raising=False)
-    monkeypatch.setattr(tcp, "usable_cpus", lambda: 1)
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: 1)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     ts = world(3)
     try:
         ring(ts)
         checked = 0
         for t in ts:
-            for peer, sock in enumerate(t._socks):
+            for peer, sock in enumerate(t.socks):
                 if sock is None:
                     continue
                 # Linux reports twice the requested size (it books its own overhead).
@@ -116,7 +117,7 @@ def ring(ts: list[TCPTransport], payload: bytes = b"ring") -> None:
 
 
 def connections(t: TCPTransport) -> list[int]:
-    return [p for p, s in enumerate(t._socks) if s is not None]
+    return [p for p, s in enumerate(t.socks) if s is not None]
 
 
 def test_connections_open_on_first_use() -> None:
@@ -150,7 +151,7 @@ def test_simultaneous_dials_leave_one_connection(trial: int) -> None:
             th.join(20)
         assert ha.wait(10) == (3, 0) and hb.wait(10) == (3, 0)
         assert got == [bytearray(b"b>a"), bytearray(b"a>b")]
-        sa, sb = a._socks[1], b._socks[0]
+        sa, sb = a.socks[1], b.socks[0]
         assert sa is not None and sb is not None
         assert sa.getsockname() == sb.getpeername() and sa.getpeername() == sb.getsockname()
     finally:

@@ -40,9 +40,9 @@ import struct
 import subprocess
 from collections.abc import Mapping
 
-from ..errors import DistNetworkError
-from ..hostport import family_of, unbracket
-from ..settings import SOCKET_ADDR, SOCKET_IFNAME
+from ...errors import DistNetworkError
+from ...hostport import family_of, unbracket
+from ...settings import SOCKET_ADDR, SOCKET_IFNAME
 
 __all__ = ["advertised_address", "advertised_addresses", "choose_interface", "choose_interfaces",
            "interface_addresses", "is_loopback"]

@@ -3,7 +3,7 @@
 Set-up goes through the store: rank 0 creates one segment holding a control line per rank
 and a single-producer/single-consumer byte ring per ordered pair of ranks, publishes its
 name, and every rank maps it, publishes its pid and confirms; then the name is unlinked
-(see ``shm_segment``). Ring positions are 32-bit byte counters in shared memory — ``tail``
+(see ``segment``). Ring positions are 32-bit byte counters in shared memory — ``tail``
 written only by the sender, ``head`` only by the receiver — each on its own cache line and
 doubling as the futex the other side sleeps on.
 
@@ -12,7 +12,7 @@ A message is a 32-byte header (channel, nbytes, meta, kind) then the payload, pa
 TCP transport, a receiver thread per peer drains its ring all the time (``send`` never waits
 for a posted receive, only for ring space) and copies straight into the destination when
 the receive was posted first. Collectives of the shm backend do not use the rings: they
-run on a group arena (``shm_arena``) that the rings only help to set up.
+run on a group arena (``arena``) that the rings only help to set up.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ import threading
 import time
 from datetime import timedelta
 
-from .. import threads
-from ..errors import DistBackendError, DistNetworkError, DistTimeoutError, with_message
-from ..store.base import Store
+from ... import threads
+from ...errors import DistBackendError, DistNetworkError, DistTimeoutError, with_message
+from ...store.base import Store
+from ..base import Mailbox
+from ..framed import FramedTransport
 from . import futex
-from .base import Mailbox
-from .framed import FramedTransport
-from .shm_segment import PeerWatch, Segment, new_name, unlink
-from .shm_segment import available as segment_dir_usable
+from .segment import PeerWatch, Segment, new_name, unlink
+from .segment import available as segment_dir_usable
 
 _HEADER = struct.Struct("<QQII8x")  # 32 bytes
 _HDR = _HEADER.size

@@ -9,13 +9,13 @@ on a non-blocking ``recv`` takes ~4.4 us (``docs/performance.md``, "The tcp lane
 synchronous collective the calling thread reads its peers' sockets itself, looking for a
 while before it sleeps, and sends each frame in one ``sendmsg`` of header and payload.
 
-Who reads a socket is decided by one lock per connection (``tcp_owner.Owner``): the
+Who reads a socket is decided by one lock per connection (``owner.Owner``): the
 receiver thread holds it only between a frame's first and last byte; a caller takes it for an
 operation and gives it back; the receiver stays off the socket for a grace after that.
 
 While the caller owns a socket it does what the receiver thread would with every frame that
 is not the one it waits for (another group's message, a peer's abort or goodbye: the same
-``_control``/``_deliver`` code), and a send that would block drains the op's sockets while
+``control_frame``/``_deliver`` code), and a send that would block drains the op's sockets while
 it waits (two ranks sending to each other at once must not both stop reading).
 """
 
@@ -24,16 +24,33 @@ from __future__ import annotations
 import os
 import select
 import socket
+import struct
+import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ..errors import DistTimeoutError
-from .base import RecvHandle
-from .framed import KIND_DATA, BadFrame, check_header, max_message_bytes
-from .tcp_owner import Owner
+from ...errors import DistTimeoutError
+from ..base import Mailbox, RecvHandle
+from ..framed import KIND_DATA, BadFrame, check_header, max_message_bytes
+from .owner import Owner
 
-if TYPE_CHECKING:
-    from .tcp import TCPTransport
+
+class Sockets(Protocol):
+    """What ``DirectIO`` uses of the tcp transport (``transport.TCPTransport``): its public
+    per-peer state and the frame handling it shares with the receiver threads. A protocol,
+    so that this module needs no import of the transport, which imports it."""
+
+    HEADER: struct.Struct
+    mailbox: Mailbox
+    socks: list[socket.socket | None]  # by peer; None: not connected
+    send_locks: list[threading.Lock]  # by peer: one frame at a time on a socket
+    owners: dict[int, Owner]  # by peer: who reads its socket now (a receiver thread or a caller)
+
+    def irecv(self, peer: int, channel: int, buf: memoryview) -> RecvHandle: ...
+
+    def control_frame(self, peer: int, kind: int, channel: int, payload: bytes | bytearray) -> bool: ...
+
+    def stream_broken(self, peer: int, e: BaseException) -> None: ...
 
 #: With more ranks on the host than CPUs, operations of tensors over this many bytes stay on
 #: the receiver threads: measured at n=4 on 2 cores (``bench``, every result checked, same
@@ -98,7 +115,7 @@ class DirectIO:
     """One thread's direct use of a ``TCPTransport``'s sockets for one operation at a time:
     ``send``/``irecv``/``exchange`` (as the transport's), then ``end`` (always)."""
 
-    def __init__(self, transport: TCPTransport, spin_s: float, max_bytes: int | None = None,
+    def __init__(self, transport: Sockets, spin_s: float, max_bytes: int | None = None,
                  yield_: bool = False) -> None:
         self.t = transport
         self.spin_s = spin_s
@@ -207,12 +224,12 @@ class DirectIO:
 
     def send(self, peer: int, channel: int, data: memoryview, meta: int) -> None:
         t = self.t
-        sock = t._socks[peer]
+        sock = t.socks[peer]
         if sock is None:  # not connected yet: the transport dials
             t.send(peer, channel, data, meta)
             return
         header = self._pack(channel, len(data), meta, KIND_DATA)
-        with t._send_locks[peer]:
+        with t.send_locks[peer]:
             try:
                 try:
                     sent = sock.sendmsg((header, data), (), _DONTWAIT)
@@ -230,7 +247,7 @@ class DirectIO:
         meanwhile: they may be blocked sending to this rank, waiting for it to read. (Peers
         whose sockets this op does not read get their receiver threads back now.)"""
         t = self.t
-        for p, own in t._owners.items():
+        for p, own in t.owners.items():
             if p not in self.owned:
                 own.unpark()
         out_fd = sock.fileno()
@@ -259,7 +276,7 @@ class DirectIO:
         if peer in self.owned:
             return True
         t = self.t
-        own, sock = t._owners.get(peer), t._socks[peer]
+        own, sock = t.owners.get(peer), t.socks[peer]
         box = t.mailbox
         # Receives posted through the mailbox (another thread's operation, point to point) are
         # the receiver thread's to serve: this one joins them there rather than park it.
@@ -463,7 +480,7 @@ class DirectIO:
             if held is not None and kind == KIND_DATA:
                 self.t.mailbox.pool.release(held)
         elif kind != KIND_DATA:
-            if self.t._control(peer, kind, channel, held):  # a goodbye (the peer is marked lost)
+            if self.t.control_frame(peer, kind, channel, held):  # a goodbye (the peer is marked lost)
                 st.ended = True
         else:
             self.t.mailbox.arrived(peer, channel, held, meta)
@@ -472,7 +489,7 @@ class DirectIO:
         """``st``'s stream broke with ``e``: its peer is lost, as the receiver thread would say."""
         st.ended = True
         t = self.t
-        t._stream_broken(st.peer, e)
+        t.stream_broken(st.peer, e)
         if st.peer not in t.mailbox.dead:  # (closing) still fail the receives from it
             t.mailbox.peer_lost(st.peer, str(e))
 

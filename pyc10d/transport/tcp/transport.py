@@ -2,7 +2,7 @@
 thread per connected peer.
 
 Connection set-up goes through the store: every rank listens on an ephemeral port
-(``tcp_listener``) and publishes ``host:port:nonce``; a rank dials a peer when it first
+(``listener``) and publishes ``host:port:nonce``; a rank dials a peer when it first
 needs it and introduces itself, and races are settled so that each pair shares exactly one
 socket (see ``TCPTransport``). Messages are framed by a 24-byte header
 (channel, nbytes, meta, kind) followed by the raw payload: tensor bytes travel as
@@ -24,19 +24,19 @@ import threading
 import time
 from datetime import timedelta
 
-from .. import auth, keepalive, settings, threads, tls
-from ..errors import DistNetworkError, DistTimeoutError, with_message
-from ..hostport import format_hostport
-from ..store.base import Store, store_chain
+from ... import auth, keepalive, settings, threads, tls
+from ...errors import DistNetworkError, DistTimeoutError, with_message
+from ...hostport import format_hostport
+from ...store.base import Store, store_chain
+from ..base import Mailbox, RecvHandle
+from ..cpus import oversubscribed, usable_cpus
+from ..framed import KIND_DATA, KIND_PING, STRIPES_SHIFT, BadFrame, FramedTransport
 from . import heartbeat
-from .base import Mailbox, RecvHandle
-from .cpus import usable_cpus
-from .framed import KIND_DATA, KIND_PING, STRIPES_SHIFT, BadFrame, FramedTransport
+from .direct import OVERSUBSCRIBED_DIRECT_MAX, DirectIO
+from .lanes import STRIPE_MIN_BYTES, Lanes, recv_stripes, send_stripes
+from .listener import ACCEPTED, HELLO, USE_OTHER, Listener
 from .netif import advertised_addresses
-from .tcp_direct import OVERSUBSCRIBED_DIRECT_MAX, DirectIO
-from .tcp_lanes import STRIPE_MIN_BYTES, Lanes, recv_stripes, send_stripes
-from .tcp_listener import ACCEPTED, HELLO, USE_OTHER, Listener
-from .tcp_owner import Owner, spin_seconds, spin_yields
+from .owner import Owner, spin_seconds, spin_yields
 
 _HEADER = struct.Struct("<QQII")
 _SMALL = 64 * 1024
@@ -55,7 +55,7 @@ _CHUNK_ABOVE = 1 << 20
 
 
 def _advertised_hosts(store: Store, rank: int) -> list[str]:
-    """The addresses peers dial for this rank (several: lanes, see ``tcp_lanes``): ``netif``
+    """The addresses peers dial for this rank (several: lanes, see ``lanes``): ``netif``
     decides, given the store's host (or, for a file store, that other hosts may share it)."""
     store_host, shared_file = None, False
     for s in store_chain(store):
@@ -92,7 +92,7 @@ def sockbuf_bytes(local: bool, ranks_on_host: int) -> int:
     fixed = settings.TCP_SOCKBUF.get()
     if fixed is not None:
         return fixed
-    if local and ranks_on_host > usable_cpus():
+    if local and oversubscribed(ranks_on_host):
         return _OVERSUBSCRIBED_SOCKBUF
     return 0
 
@@ -141,14 +141,16 @@ class TCPTransport(FramedTransport):
     def __init__(self, store: Store, rank: int, size: int, timeout: timedelta) -> None:
         self.rank, self.size = rank, size
         self.mailbox = Mailbox(size)
-        self._socks: list[socket.socket | None] = [None] * size
-        self._send_locks = [threading.Lock() for _ in range(size)]
+        # Per peer, public: the lane's ``direct.DirectIO`` reads and writes the sockets itself
+        # (``direct.Sockets`` says what it uses), under the send locks and owners below.
+        self.socks: list[socket.socket | None] = [None] * size
+        self.send_locks = [threading.Lock() for _ in range(size)]
         self._threads: list[threading.Thread] = []
         self._closing = False
         self._secret = auth.token()
         self._store = store
         self._timeout_s = timeout.total_seconds()
-        # Guards connection state: ``_socks`` (written only under it), ``_dialing``, closing.
+        # Guards connection state: ``socks`` (written only under it), ``_dialing``, closing.
         self._cond = threading.Condition()
         self._dialing = [False] * size
         self._probing = [False] * size
@@ -157,8 +159,8 @@ class TCPTransport(FramedTransport):
         self._listener: Listener | None = None
         self._lanes: Lanes | None = None
         # Who reads each peer's socket: its receiver thread, or a synchronous caller
-        # (``tcp_direct``); none under TLS, whose records a caller cannot read in part.
-        self._owners: dict[int, Owner] = {}
+        # (``direct``); none under TLS, whose records a caller cannot read in part.
+        self.owners: dict[int, Owner] = {}
         self._direct_ok = False
         self.peer_timeout = keepalive.peer_timeout()  # see ``heartbeat``; None: not watched
         if size > 1:
@@ -172,7 +174,7 @@ class TCPTransport(FramedTransport):
         hosts = _advertised_hosts(store, self.rank)
         self._lanes = Lanes(self.rank, hosts, self._secret, enabled=not tls.enabled(), tune=self._tune_lane)
         # A caller may read and write its peers' sockets itself (``direct``), except under TLS
-        # and where large messages may be striped over several addresses (``tcp_lanes``).
+        # and where large messages may be striped over several addresses (``lanes``).
         self._direct_ok = not tls.enabled() and len(hosts) == 1
         self._listener = Listener(self.rank, self.size, hosts, self._secret, self._admit)
         store.set(f"tcp_addr/{self.rank}", f"{','.join(hosts)}:{self._listener.port}:{self._listener.nonce}")
@@ -218,12 +220,12 @@ class TCPTransport(FramedTransport):
         keepalive.apply(sock, self.peer_timeout)
         own = None
         if self._direct_ok:
-            own = self._owners[peer] = Owner()
+            own = self.owners[peer] = Owner()
             own.lock.acquire()  # the receiver thread's until it is between frames (``Owner.idle``)
-        with self._send_locks[peer]:
+        with self.send_locks[peer]:
             if answer is not None:
                 sock.sendall(answer)
-            self._socks[peer] = sock
+            self.socks[peer] = sock
         t = threads.start(self._receive_loop, f"pyc10d-tcp-recv-{self.rank}<-{peer}",
                           (peer, sock, unanswered, own))
         self._threads.append(t)
@@ -232,7 +234,7 @@ class TCPTransport(FramedTransport):
     def _admit(self, peer: int, sock: socket.socket, lane: int = 0) -> str | None:
         """The listener vetted a hello from ``peer``: take the connection, or tell the dialer
         to use the one this rank dialled. A reason string refuses it (the listener logs it).
-        A lane (``lane`` > 0) is always taken (see ``tcp_lanes``)."""
+        A lane (``lane`` > 0) is always taken (see ``lanes``)."""
         with self._cond:
             if self._closing:
                 return "this rank is shutting down"
@@ -242,7 +244,7 @@ class TCPTransport(FramedTransport):
                 assert self._lanes is not None
                 self._lanes.admit(peer, lane, sock)
                 return None
-            if self._socks[peer] is not None or (self._dialing[peer] and self.rank > peer):
+            if self.socks[peer] is not None or (self._dialing[peer] and self.rank > peer):
                 sock.sendall(USE_OTHER)
                 sock.close()
                 return None
@@ -251,19 +253,19 @@ class TCPTransport(FramedTransport):
 
     def _connection(self, peer: int) -> socket.socket:
         """The socket to ``peer``, dialling it first if there is none."""
-        sock = self._socks[peer]
+        sock = self.socks[peer]
         if sock is not None:
             return sock
         deadline = time.monotonic() + self._timeout_s
         with self._cond:
-            while self._socks[peer] is None:
+            while self.socks[peer] is None:
                 self._check_reachable(peer)
                 if not self._dialing[peer]:
                     self._dialing[peer] = True
                     break
                 self._wait_for_change(deadline, f"connecting to rank {peer}")
             else:
-                return self._socks[peer]
+                return self.socks[peer]
         try:
             return self._dial(peer, deadline)
         finally:
@@ -283,7 +285,7 @@ class TCPTransport(FramedTransport):
         return hosts.split(",")[0], port, nonce
 
     def _lane_hosts(self, peer: int) -> list[str]:
-        """Every address ``peer`` published (one per lane; see ``tcp_lanes``)."""
+        """Every address ``peer`` published (one per lane; see ``lanes``)."""
         self._address(peer)
         return self._addrs[peer].rsplit(":", 2)[0].split(",")
 
@@ -317,7 +319,7 @@ class TCPTransport(FramedTransport):
             sock.close()
             raise
         with self._cond:
-            if answer in (ACCEPTED, None) and self._socks[peer] is None and not self._closing:
+            if answer in (ACCEPTED, None) and self.socks[peer] is None and not self._closing:
                 self._install(peer, sock, None, unanswered=answer is None)
                 return sock
             sock.close()
@@ -326,10 +328,10 @@ class TCPTransport(FramedTransport):
                     f"tcp transport: rank {peer} at {format_hostport(host, port)} refused rank {self.rank}'s "
                     f"connection (answer {answer!r}; see rank {peer}'s log)")
             # Rank ``peer`` dialled this rank at the same time and its connection wins.
-            while self._socks[peer] is None:
+            while self.socks[peer] is None:
                 self._check_reachable(peer)
                 self._wait_for_change(deadline, f"waiting for rank {peer}'s connection")
-            return self._socks[peer]
+            return self.socks[peer]
 
     def _check_reachable(self, peer: int) -> None:
         """Under ``_cond``: raise if no connection to ``peer`` can come any more."""
@@ -379,7 +381,7 @@ class TCPTransport(FramedTransport):
             delay, end = 0.05, time.monotonic() + self._timeout_s
             try:
                 with self._cond:
-                    self._cond.wait_for(lambda: self._socks[peer] is not None or self._closing, after)
+                    self._cond.wait_for(lambda: self.socks[peer] is not None or self._closing, after)
                 while True:
                     try:
                         self._connection(peer)
@@ -389,7 +391,7 @@ class TCPTransport(FramedTransport):
                         return
                     except Exception:  # noqa: BLE001 - a loss fails the receive; see above
                         with self._cond:
-                            if (self._socks[peer] is not None or self._closing or peer in self.mailbox.dead
+                            if (self.socks[peer] is not None or self._closing or peer in self.mailbox.dead
                                     or time.monotonic() + delay > end):
                                 return
                             self._cond.wait(delay)
@@ -402,14 +404,14 @@ class TCPTransport(FramedTransport):
 
     def irecv(self, peer: int, channel: int, buf: memoryview) -> RecvHandle:
         handle = super().irecv(peer, channel, buf)
-        for own in (self._owners.values() if peer < 0 else (self._owners.get(peer),)):
+        for own in (self.owners.values() if peer < 0 else (self.owners.get(peer),)):
             if own is not None and own.parked_until:
                 own.unpark()  # this receive is the receiver thread's to serve
         # The data will come over the connection the sender dials; a receive dials only to
         # learn that a peer which never connected has gone. Give the sender a moment first,
         # so that the pair is not dialled from both ends.
         if peer >= 0:
-            if self._socks[peer] is None:
+            if self.socks[peer] is None:
                 self._probe(peer, PROBE_AFTER_S)
         else:  # failed only once every peer is known lost, so it connects to all of them
             for p in range(self.size):  # (rare: object collectives, p2p with ``src=None``)
@@ -423,20 +425,20 @@ class TCPTransport(FramedTransport):
         if not self._direct_ok or self.size == 1:
             return None
         ranks, cpus = self._ranks_on_host(), usable_cpus()
-        return DirectIO(self, spin_seconds(ranks, cpus), None if ranks <= cpus else OVERSUBSCRIBED_DIRECT_MAX,
+        return DirectIO(self, spin_seconds(ranks, cpus), OVERSUBSCRIBED_DIRECT_MAX if oversubscribed(ranks, cpus) else None,
                         spin_yields(ranks, cpus))
 
     def probe(self, peer: int) -> None:
         self._probe(peer, 0.0)
 
     def _probe(self, peer: int, after: float) -> None:
-        if (self._socks[peer] is None and not self._dialing[peer] and not self._probing[peer]
+        if (self.socks[peer] is None and not self._dialing[peer] and not self._probing[peer]
                 and peer not in self.mailbox.dead):
             self._dial_in_background(peer, after)
 
     # -- data path ------------------------------------------------------------------------
     def _send(self, peer: int, kind: int, channel: int, data: memoryview, meta: int) -> None:
-        sock = self._socks[peer]
+        sock = self.socks[peer]
         if sock is None:
             sock = self._connection(peer)
         lanes = self._lanes_to(peer) if kind == KIND_DATA and len(data) >= STRIPE_MIN_BYTES else None
@@ -444,7 +446,7 @@ class TCPTransport(FramedTransport):
             kind |= (len(lanes) + 1) << STRIPES_SHIFT
         header = _HEADER.pack(channel, len(data), meta, kind)
         try:
-            with self._send_locks[peer]:
+            with self.send_locks[peer]:
                 if lanes:
                     sock.sendall(header)
                     send_stripes([sock, *lanes], data, lambda: self._check_reachable(peer))
@@ -468,7 +470,7 @@ class TCPTransport(FramedTransport):
                                     min(self._timeout_s, 30.0))
 
     def _read_stripes(self, peer: int, stripes: int, view: memoryview) -> None:
-        sock = self._socks[peer]
+        sock = self.socks[peer]
         lanes = None if self._lanes is None else self._lanes.incoming(peer, stripes)
         if sock is None or lanes is None:
             raise BadFrame(f"it sent a message in {stripes} stripes over lanes it did not open")
@@ -490,7 +492,7 @@ class TCPTransport(FramedTransport):
         def read(view: memoryview, payload: bool) -> None:
             if not payload:
                 if own is not None:
-                    own.idle(idle)  # the socket may be a caller's meanwhile (``tcp_direct``)
+                    own.idle(idle)  # the socket may be a caller's meanwhile (``direct``)
                 elif not (buffered and buffered()):
                     idle.poll()
             _recv_exact(sock, view)
@@ -514,7 +516,7 @@ class TCPTransport(FramedTransport):
     def _drop(self, peer: int) -> None:
         if self._lanes is not None:
             self._lanes.drop(peer)
-        sock = self._socks[peer]
+        sock = self.socks[peer]
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)  # the peer sees the end; our sends fail at once
@@ -526,7 +528,7 @@ class TCPTransport(FramedTransport):
         """Called by the heartbeat thread every ``peer_timeout / 4`` s (see ``heartbeat``)."""
         limit = self.peer_timeout
         assert limit is not None
-        for peer, sock in enumerate(self._socks):
+        for peer, sock in enumerate(self.socks):
             if sock is None or peer in self.mailbox.dead or self._closing:
                 continue
             try:
@@ -535,7 +537,7 @@ class TCPTransport(FramedTransport):
                     self.mailbox.peer_lost(peer, keepalive.silent_error(peer, limit, "sent nothing"))
                     self._drop(peer)
                 elif since_sent >= limit * 1000 / 3 and heartbeat.unsent(sock) == 0:
-                    lock = self._send_locks[peer]
+                    lock = self.send_locks[peer]
                     if lock.acquire(blocking=False):
                         try:
                             sock.sendall(_PING)
@@ -549,7 +551,7 @@ class TCPTransport(FramedTransport):
         return peer not in self.mailbox.dead
 
     def is_connected(self, peer: int) -> bool:
-        return self._socks[peer] is not None and peer not in self.mailbox.dead
+        return self.socks[peer] is not None and peer not in self.mailbox.dead
 
     def close(self) -> None:
         with self._cond:
@@ -558,11 +560,11 @@ class TCPTransport(FramedTransport):
             self._closing = True
             self._cond.notify_all()
         heartbeat.unregister(self)
-        for own in list(self._owners.values()):
+        for own in list(self.owners.values()):
             own.unpark()
         if self._listener is not None:
             self._listener.close()
-        for peer, sock in enumerate(self._socks):
+        for peer, sock in enumerate(self.socks):
             if sock is None:
                 continue
             self._say_bye(peer)
@@ -575,7 +577,7 @@ class TCPTransport(FramedTransport):
             threads = list(self._threads)
         for t in threads:
             t.join(timeout=max(deadline - time.monotonic(), 0.0))
-        for sock in self._socks:
+        for sock in self.socks:
             if sock is not None:
                 sock.close()
         if self._lanes is not None:

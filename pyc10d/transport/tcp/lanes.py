@@ -30,10 +30,10 @@ import socket
 import threading
 from collections.abc import Callable, Sequence
 
-from .. import auth
-from ..hostport import format_hostport
-from .framed import MAX_STRIPES
-from .tcp_listener import ACCEPTED, HELLO, LANE_SHIFT
+from ... import auth
+from ...hostport import format_hostport
+from ..framed import MAX_STRIPES
+from .listener import ACCEPTED, HELLO, LANE_SHIFT
 
 # Data frames at least this large are striped: a ring segment (1 MiB at most) too, since a
 # job that lists several interfaces wants its collectives spread over them.

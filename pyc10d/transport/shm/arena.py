@@ -47,11 +47,11 @@ from collections.abc import Callable
 
 import torch
 
-from .. import settings
-from ..errors import DistBackendError, DistNetworkError, DistTimeoutError
+from ... import settings
+from ...errors import DistBackendError, DistNetworkError, DistTimeoutError
+from ..cpus import oversubscribed
 from . import futex
-from .cpus import usable_cpus
-from .shm_segment import PeerWatch, Segment
+from .segment import PeerWatch, Segment
 
 HEADER = 4096
 LINE = 512
@@ -88,7 +88,7 @@ def default_spin(size: int) -> tuple[float, bool]:
     sets the spin time, default 50 us, or 200 us when yielding).
     """
     forced = settings.SHM_YIELD.get()
-    yield_ = size > usable_cpus() if forced is None else forced
+    yield_ = oversubscribed(size) if forced is None else forced
     us = settings.SHM_SPIN_US.get(200.0 if yield_ else 50.0)
     return us * 1e-6, yield_
 

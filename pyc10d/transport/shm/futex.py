@@ -65,7 +65,7 @@ def _load_exchange():
         try:
             # PyDLL: the call keeps the GIL. One instruction never blocks, and releasing and
             # retaking the GIL around it cost more than the call. (The shm arena calls it when a
-            # rank goes to sleep on a peer's counter; a post stores plainly: shm_arena.py.)
+            # rank goes to sleep on a peer's counter; a post stores plainly: arena.py.)
             fn = ctypes.PyDLL(name).__atomic_exchange_4
         except (OSError, AttributeError):
             continue

@@ -34,8 +34,8 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 
-from .. import auth, threads, tls
-from ..hostport import family_of, format_hostport
+from ... import auth, threads, tls
+from ...hostport import family_of, format_hostport
 from .netif import is_loopback
 
 HELLO = struct.Struct("<Iq")  # the dialer's rank (and lane), the nonce this rank published

@@ -1,5 +1,5 @@
 """Who reads one tcp connection's socket, the receiver thread or a caller on the lean lane,
-and how long a waiting caller looks before it sleeps (``tcp_direct``'s policy, read by
+and how long a waiting caller looks before it sleeps (``direct``'s policy, read by
 ``tcp`` when it makes a ``DirectIO``).
 
 One lock per connection (``Owner``): the receiver thread holds it only while it reads a
@@ -17,7 +17,8 @@ import select
 import threading
 import time
 
-from .. import settings
+from ... import settings
+from ..cpus import oversubscribed
 
 #: Seconds a receiver thread stays off its socket after a caller gave it back.
 GRACE_S = 0.005
@@ -34,7 +35,7 @@ def spin_seconds(ranks_on_host: int, cpus: int) -> float:
     us = settings.TCP_SPIN_US.get()
     if us is not None:
         return max(us, 0.0) * 1e-6
-    return 1e-3 if ranks_on_host <= cpus else 200e-6
+    return 200e-6 if oversubscribed(ranks_on_host, cpus) else 1e-3
 
 
 def spin_yields(ranks_on_host: int, cpus: int) -> bool:
@@ -45,7 +46,7 @@ def spin_yields(ranks_on_host: int, cpus: int) -> bool:
     391-455 us, 32 KiB 544, 1 MiB 4982-5095; spinning 200 us with ``sched_yield`` between
     looks 173-265, 235, 3235-4104 (1 ms of it no better). shm's ``PYC10D_SHM_YIELD`` does the
     same for the same reason."""
-    return ranks_on_host > cpus
+    return oversubscribed(ranks_on_host, cpus)
 
 
 class Owner:

@@ -28,7 +28,7 @@ import threading
 import weakref
 from typing import Any
 
-from .. import threads
+from ... import threads
 
 _TCP_INFO = struct.Struct("8B13I")  # struct tcp_info up to tcpi_last_ack_recv
 _LAST_DATA_SENT, _LAST_DATA_RECV = 8 + 9, 8 + 11
