@@ -135,17 +135,17 @@ bench-instructions: $(STAMP)
 	$(PY) -m pyc10d.bench.instructions --calls $(INSTRUCTIONS_CALLS) \
 		$(if $(UPDATE),--write-reference,--check) benchmarks/instructions-reference.json
 
-# The guard's test (tests/test_bench_instructions.py) over every path: make test runs six.
+# The guard's test (tests/bench/test_bench_instructions.py) over every path: make test runs six.
 test-instructions: $(STAMP)
 	command -v valgrind >/dev/null || { apt-get update && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y valgrind; }
-	$(PY) -m pytest tests/test_bench_instructions.py -p no:cacheprovider -m full
+	$(PY) -m pytest tests/bench/test_bench_instructions.py -p no:cacheprovider -m full
 
 chaos: $(STAMP)
 	$(PY) tests/chaos.py --trials 500
 	$(PY) tests/chaos.py --trials 400 --backends pyc10d_shm,pyc10d_tcp
 
-# Not part of `make test` (tests/test_torch_suite.py runs a fixed slice of it): minutes.
+# Not part of `make test` (tests/torch_backend/test_torch_suite.py runs a fixed slice of it): minutes.
 torch-suite: $(STAMP)
 	$(PY) -m pyc10d.testing.torch_suite
 

@@ -1,7 +1,7 @@
 """Chaos under torchft: replicas SIGKILLed again and again while the others train on.
 
 ``python tests/chaos_torchft.py --failures 200`` (``make chaos-torchft``) runs the long
-version and prints a summary; ``tests/test_chaos_torchft.py`` runs a few failures inside
+version and prints a summary; ``tests/integrations/test_chaos_torchft.py`` runs a few failures inside
 ``make test``, in a fresh interpreter: the replicas are forked from the driver, which must not
 carry another test's threads (torchft's Rust runtimes among them) into them. One run:
 

@@ -54,8 +54,8 @@ def pytest_configure(config: pytest.Config) -> None:
 #: threaded ranks ~220 and ~140, the compiled functional seeds, the timeline and the floor
 #: benchmark ~60-120 each. Everything else keeps its order.
 RUN_LAST = ("tests/integrations/test_torchft.py", "tests/integrations/test_torchft_pg.py", "tests/sim/",
-            "tests/seeds/test_functional_api.py", "tests/backends/test_threaded.py", "tests/test_algorithms.py",
-            "tests/algorithms/test_logarithmic.py", "tests/test_timeline.py", "tests/test_bench_floor.py")
+            "tests/seeds/test_functional_api.py", "tests/backends/test_threaded.py", "tests/algorithms/test_algorithms.py",
+            "tests/algorithms/test_logarithmic.py", "tests/test_timeline.py", "tests/bench/test_bench_floor.py")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -11,7 +11,7 @@ from chaos import Trial, run_trial
 
 from pyc10d import flight_recorder, timeline
 from tests._multirank import run_ranks
-from tests.test_flight_recorder import _skip_one
+from tests.backends.test_flight_recorder import _skip_one
 
 
 def _check_chrome_trace(trace: dict) -> list[dict]:

@@ -2,7 +2,7 @@
 
 Each rank reports a host identity of the test's choosing, so ``auto`` builds the
 hierarchical engine with shm between the ranks of a "host" and tcp between the hosts'
-leaders, all on this machine (``tests/test_multihost.py`` runs the same on real network
+leaders, all on this machine (``tests/backends/test_multihost.py`` runs the same on real network
 namespaces). Every conformance family that covers a collective runs on several layouts:
 equal hosts with consecutive ranks (blocks exchanged in place), interleaved ranks and
 uneven hosts (blocks reordered and padded).

@@ -8,7 +8,7 @@
 # Skipped here, with the reason on each test:
 # - test_construct_fsdp, test_fsdp_fake_e2e, test_fsdp_tp_fake_e2e: torch's FSDP, DeviceMesh
 #   and tensor parallelism take torch.distributed's own ProcessGroup objects. They run on
-#   pyc10d's engines through the plugin (tests/test_torch_backend.py trains FSDP2's
+#   pyc10d's engines through the plugin (tests/torch_backend/test_torch_backend.py trains FSDP2's
 #   fully_shard on it), but not on the groups of pyc10d's own API that this file tests, and
 #   the plugin has no fake backend. They also need CUDA, as upstream.
 # - test_fake_pg_tracing: needs CUDA, as upstream; its functional collectives come from

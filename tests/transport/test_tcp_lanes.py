@@ -3,7 +3,7 @@ one connection per address pair, reassembled whole and in order; and IPv6 listen
 
 On one host: every 127.0.0.0/8 address is loopback on Linux, so ``127.0.0.1,127.0.0.2``
 gives each rank two addresses (the striped path, not the bandwidth: see
-tests/test_multihost_ipv6.py for two rate-limited links)."""
+tests/backends/test_multihost_ipv6.py for two rate-limited links)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import pytest
 from pyc10d.bench.__main__ import mpirun
 
 pytestmark = [pytest.mark.timeout(55), pytest.mark.interpreters]
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 OPS = "all_reduce,all_gather_into_tensor,reduce_scatter_tensor,broadcast,all_to_all_single,reduce"
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            PYTHONPATH=str(HERE.parent))

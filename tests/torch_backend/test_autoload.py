@@ -25,7 +25,7 @@ import _pyc10d_autoload
 import pyc10d.torch_backend as tb
 
 pytestmark = pytest.mark.interpreters
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROBE = ("import sys, torch.distributed as d; "
          "print('pyc10d' in d.Backend.backend_list, 'pyc10d_shm' in d.Backend.backend_list, "
          "'pyc10d' in sys.modules, d.Backend.default_device_backend_map['cpu'])")

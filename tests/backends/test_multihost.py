@@ -24,8 +24,8 @@ from pyc10d.testing.hosts import Hosts, unavailable_reason
 _WHY_NOT = unavailable_reason()
 pytestmark = [pytest.mark.skipif(_WHY_NOT is not None, reason=f"namespace hosts: {_WHY_NOT}"), pytest.mark.interpreters]
 
-WORKER = str(Path(__file__).with_name("_multihost_worker.py"))
-API_RANK = str(Path(__file__).with_name("_api_rank.py"))  # torchrun and file:// cases
+WORKER = str(Path(__file__).resolve().parents[1] / "_multihost_worker.py")
+API_RANK = str(Path(__file__).resolve().parents[1] / "_api_rank.py")  # torchrun and file:// cases
 #: Inside the module's own namespaces nothing else listens; each test takes the next port so a
 #: listener of the previous test still in TIME_WAIT (or a killed host's) never gets in the way.
 _PORTS = itertools.count(29500)

@@ -19,7 +19,7 @@ import pytest
 
 from pyc10d.bench import instructions
 
-REFERENCE = Path(__file__).resolve().parents[1] / instructions.REFERENCE
+REFERENCE = Path(__file__).resolve().parents[2] / instructions.REFERENCE
 #: Calls per segment in the guard (the reference is counted with 500). At 40 calls two counts
 #: of functional.all_reduce in one process differed by 5.3% (its plant read 1.153x the clean
 #: count and failed the size check below in a make test run), and one count at 40 read 112.3k

@@ -23,7 +23,7 @@ pytest.importorskip("torchft", reason="torchft-nightly (the test extra) is not i
 RUN_LIMIT_S = 55.0
 pytestmark = [pytest.mark.timeout(RUN_LIMIT_S + 3), pytest.mark.interpreters]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # make test: one replica killed and healed (each kill and heal is most of the run's time);

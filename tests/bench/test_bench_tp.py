@@ -93,7 +93,7 @@ def test_each_kind_of_implementation_decodes_and_is_checked(tmp_path: Path, impl
 
 @pytest.mark.interpreters
 def test_the_example_decodes_right() -> None:
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, "-m", "pyc10d.run", "--nproc-per-node", "2", "--start-method", "fork",
            "--master-port", str(free_port()),
            str(root / "examples" / "tp_inference.py"),
