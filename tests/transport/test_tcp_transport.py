@@ -14,8 +14,9 @@ from pyc10d.algorithms.comm import byte_view
 from pyc10d.errors import DistNetworkError
 from pyc10d.store import HashStore, PrefixStore
 from pyc10d.transport import cpus, framed
-from pyc10d.transport.tcp import transport as tcp
-from pyc10d.transport.tcp.transport import TCPTransport, sockbuf_bytes
+from pyc10d.transport.tcp import TCPTransport
+from pyc10d.transport.tcp import connect as tcp
+from pyc10d.transport.tcp.connect import sockbuf_bytes
 
 pytestmark = pytest.mark.timeout(30)
 
