@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Callable
+from typing import Any
 
 from .. import settings
 from ..errors import DistNetworkError
@@ -30,6 +31,7 @@ _KINDS = (KIND_DATA, KIND_ABORT, KIND_BYE, KIND_PING)
 # An abort carries a reason, a goodbye nothing: anything longer is not one of ours.
 MAX_CONTROL_BYTES = 64 * 1024
 STRIPES_SHIFT = 8  # a frame's kind field: its kind in the low bits, its stripes above (lanes)
+_KIND_MASK = (1 << STRIPES_SHIFT) - 1
 MAX_STRIPES = 16
 _DEFAULT_MAX_MESSAGE = 1 << 36
 # Seconds the pump holds a large message for its receive to be posted (see ``_pump``).
@@ -61,6 +63,29 @@ def check_header(kind: int, nbytes: int, max_message: int) -> int:
         what = "message" if kind == KIND_DATA else "control frame"
         raise BadFrame(f"it announced a {what} of {nbytes} bytes, over the limit of {limit}")
     return stripes
+
+
+class Frame:
+    """A frame being read: its header's fields, checked (``read_header``), and, for a reader
+    that fills receives itself (``tcp/direct.py``), the receive its payload goes to (``exp``)
+    or the buffer holding it meanwhile (``held``). Mutable: a frame begun for nobody may be
+    adopted by a receive posted while its payload arrives."""
+
+    __slots__ = ("kind", "channel", "nbytes", "meta", "stripes", "exp", "held")
+
+    def __init__(self, kind: int, channel: int, nbytes: int, meta: int, stripes: int = 0,
+                 exp: Any = None, held: bytearray | None = None) -> None:
+        self.kind, self.channel, self.nbytes, self.meta = kind, channel, nbytes, meta
+        self.stripes, self.exp, self.held = stripes, exp, held
+
+
+def read_header(unpack: Callable[[Any], tuple[int, int, int, int]], header: Any, max_message: int) -> Frame:
+    """The one reader of a frame's header, for the receiver threads (``_pump``) and a caller
+    reading its sockets itself (``tcp/direct.py``): its fields, its kind without the stripes
+    bits, checked (``check_header``: ``BadFrame``)."""
+    channel, nbytes, meta, kind = unpack(header)
+    stripes = check_header(kind, nbytes, max_message)
+    return Frame(kind & _KIND_MASK, channel, nbytes, meta, stripes)
 
 
 class FramedTransport(Transport):
@@ -111,24 +136,23 @@ class FramedTransport(Transport):
         header = bytearray(self.HEADER.size)
         hview = memoryview(header)
         max_message = max_message_bytes()
+        unpack = self.HEADER.unpack
         try:
             while True:
                 read(hview, False)
-                channel, nbytes, meta, kind = self.HEADER.unpack(header)
-                stripes = check_header(kind, nbytes, max_message)
-                kind &= (1 << STRIPES_SHIFT) - 1
-                if kind != KIND_DATA:
-                    payload = bytearray(nbytes)
+                f = read_header(unpack, header, max_message)
+                if f.kind != KIND_DATA:
+                    payload = bytearray(f.nbytes)
                     read(memoryview(payload), True)
-                    if self.control_frame(peer, kind, channel, payload):
+                    if self.control_frame(peer, f.kind, f.channel, payload):
                         return
                     continue
                 # A large message whose receive is not posted yet would be read into a
                 # holding buffer and copied again later; the receive is usually a moment
                 # away, so wait briefly for it. Only briefly: the stream from this peer is
                 # stalled meanwhile, and the receiver may first need a message behind this one.
-                self._deliver(peer, channel, nbytes, meta, stripes, read,
-                              WAIT_FOR_POST if nbytes >= POOL_MIN else 0.0)
+                self._deliver(peer, f.channel, f.nbytes, f.meta, f.stripes, read,
+                              WAIT_FOR_POST if f.nbytes >= POOL_MIN else 0.0)
         except Exception as e:  # noqa: BLE001 - whatever breaks the stream loses this peer only
             self.stream_broken(peer, e)
 

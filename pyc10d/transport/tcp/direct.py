@@ -31,7 +31,7 @@ from typing import Protocol
 
 from ...errors import DistTimeoutError
 from ..base import Mailbox, RecvHandle
-from ..framed import KIND_DATA, BadFrame, check_header, max_message_bytes
+from ..framed import KIND_DATA, BadFrame, Frame, max_message_bytes, read_header
 from .owner import Owner
 
 
@@ -87,9 +87,8 @@ class _Stream:
         self.got = 0
         # Bytes read past the end of a frame (``DirectIO._scatter``), consumed before the socket.
         self.pending = b""
-        # None while reading a header; else [kind, channel, nbytes, meta, the receive it
-        # fills or None, the holding buffer or None]
-        self.frame: list | None = None
+        # None while reading a header; else the frame whose payload is being read
+        self.frame: Frame | None = None
         self.ended = False  # the peer said goodbye, or its stream broke: nothing more to read
 
 
@@ -169,7 +168,7 @@ class DirectIO:
                 return h
         st = self._streams[peer]
         frame = st.frame
-        if frame is not None and frame[4] is None and frame[0] == KIND_DATA and frame[1] == channel:
+        if frame is not None and frame.exp is None and frame.kind == KIND_DATA and frame.channel == channel:
             self._adopt(st, h)  # it is arriving now
         elif queue is None:
             self.expected[peer] = [h]
@@ -214,12 +213,13 @@ class DirectIO:
         came so far is copied over, the rest lands in ``exp.buf``."""
         frame = st.frame
         assert frame is not None
-        frame[4] = exp
-        nbytes, held = frame[2], frame[5]
+        frame.exp = exp
+        nbytes, held = frame.nbytes, frame.held
         if nbytes <= len(exp.buf):
+            assert held is not None  # (a frame begun for nobody is held: ``_start_frame``)
             exp.buf[:st.got] = memoryview(held)[:st.got]
             st.view = exp.buf[:nbytes]
-            frame[5] = None
+            frame.held = None
             self.t.mailbox.pool.release(held)
 
     def send(self, peer: int, channel: int, data: memoryview, meta: int) -> None:
@@ -438,20 +438,21 @@ class DirectIO:
                     st.pending = bytes(buf[nbytes:got])
                 head.nbytes, head.meta = nbytes, meta
             else:
-                st.frame, st.view, st.got = [kind, channel, nbytes, meta, head, None], buf[:nbytes], got
+                st.frame, st.view, st.got = Frame(kind, channel, nbytes, meta, 0, head), buf[:nbytes], got
             return
         st.pending = bytes(buf[:got])  # another frame's bytes (and perhaps more): the general way
         self._start_frame(st)
 
     def _start_frame(self, st: _Stream) -> None:
         t = self.t
-        channel, nbytes, meta, kind = self._unpack(st.header)
         try:
-            if check_header(kind, nbytes, self.max_message):
+            frame = read_header(self._unpack, st.header, self.max_message)
+            if frame.stripes:
                 raise BadFrame("it sent a striped message over a connection without lanes")
         except BadFrame as e:
             self._ended(st, e)
             return
+        kind, channel, nbytes = frame.kind, frame.channel, frame.nbytes
         exp = None
         if kind == KIND_DATA:
             queue = self.expected.get(st.peer)
@@ -465,15 +466,16 @@ class DirectIO:
         else:  # a frame of no receive of this op (or too long for it): held, then handed on
             held = bytearray(nbytes) if kind != KIND_DATA or exp is not None else t.mailbox.pool.acquire(nbytes)
             st.view = memoryview(held)
-        frame = [kind, channel, nbytes, meta, exp, held]
+        frame.exp, frame.held = exp, held
         if nbytes:
             st.frame = frame
         else:
             st.view = st.hview
             self._complete(st, frame)
 
-    def _complete(self, st: _Stream, frame: list) -> None:
-        kind, channel, nbytes, meta, exp, held = frame
+    def _complete(self, st: _Stream, frame: Frame) -> None:
+        kind, channel, nbytes, meta, exp, held = (frame.kind, frame.channel, frame.nbytes, frame.meta,
+                                                   frame.exp, frame.held)
         peer = st.peer
         if exp is not None:  # (too long for its receive: its length says so, the Comm names it)
             exp.nbytes, exp.meta = nbytes, meta
