@@ -225,7 +225,7 @@ class LaneOps(EngineCore):
             error = self._failed(e, work)
             self._ended(full, opname, error)
             self._exec.release()
-            work._finish(error)
+            work.finish(error)
             return work
         self._running_op = None
         self._started = Started(work, step, x, y, c, now + timeout, timeout, red, root, now)
@@ -242,11 +242,11 @@ class LaneOps(EngineCore):
         if started is None:
             return
         if block or started.step.ready(started.c, True):
-            self._finish_started(started.work)
+            self.finish_started(started.work)
         else:
-            self._hand_off(started.work)
+            self.hand_off(started.work)
 
-    def _finish_started(self, work: StartedWork, block: bool = True) -> None:
+    def finish_started(self, work: StartedWork, block: bool = True) -> None:
         """Finish ``work`` on this thread if it is still the started one. ``block=False`` (a
         poll, ``is_completed``): only if that needs no waiting; else the progress thread
         takes it, so that a caller polling it still sees it complete, time out or name a
@@ -264,7 +264,7 @@ class LaneOps(EngineCore):
         finally:
             self._exec.release()
         if waiting:
-            self._hand_off(work)
+            self.hand_off(work)
 
     def _complete_started(self) -> None:
         """Run the started operation's finish; the caller holds ``_exec``. (Its Work has no
@@ -282,9 +282,9 @@ class LaneOps(EngineCore):
         except BaseException as e:  # noqa: BLE001 - handed to the waiter
             error = self._failed(e, work)
         self._ended(work.seq, work.opname, error)
-        work._finish(error)
+        work.finish(error)
 
-    def _hand_off(self, work: StartedWork, block: bool = True) -> None:
+    def hand_off(self, work: StartedWork, block: bool = True) -> None:
         """Give ``work``'s finish to the progress thread, ahead of anything queued after it
         (``block=False``: not if another thread is running an operation of the group)."""
         if not self._exec.acquire(block):
@@ -308,5 +308,5 @@ class LaneOps(EngineCore):
     def shutdown(self) -> None:
         started = self._started
         if started is not None:
-            self._hand_off(started.work)
+            self.hand_off(started.work)
         super().shutdown()

@@ -126,11 +126,11 @@ class _SyncDone(CompletedWork):
         self._refs = list(map(weakref.ref, outputs))
 
     @property
-    def _outputs(self) -> list[torch.Tensor]:  # type: ignore[override] - read by result and the future
+    def outputs(self) -> list[torch.Tensor]:  # type: ignore[override] - read by result and the future
         return [t for t in (r() for r in self._refs) if t is not None]
 
-    @_outputs.setter
-    def _outputs(self, value: Any) -> None:
+    @outputs.setter
+    def outputs(self, value: Any) -> None:
         pass  # (CompletedWork's __init__ sets it; the weak references stand for it)
 
 
