@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import Any, NamedTuple
 
 import torch
-from torch.autograd import profiler as _torch_profiler
+from torch.autograd import profiler as torch_profiler
 
 from .. import settings, threads
 from ..algorithms import profiling
@@ -215,7 +215,7 @@ class EngineCore:
                 self._enqueue(job)
                 work.runner = self._run_here
                 work.issuer = threading.get_ident()
-        if not inline and _torch_profiler._is_profiler_enabled:  # see ``profiling.queued``
+        if not inline and torch_profiler._is_profiler_enabled:  # see ``profiling.queued``
             profiling.queued(opname, outputs, seq, self.group_name, self.backend_name)
         try:
             if early and self.desync_check:  # messages of peers that ran ahead to this operation
@@ -373,7 +373,7 @@ class EngineCore:
             comm.scratch_pool = self._scratch
             if self.desync_check:  # its fingerprint is made when a message needs it
                 comm.collective = job
-            if _torch_profiler._is_profiler_enabled:  # one attribute read when off (``profiling``)
+            if torch_profiler._is_profiler_enabled:  # one attribute read when off (``profiling``)
                 with profiling.op_range(work.opname, work.outputs, work.seq, self.group_name, self.backend_name):
                     fn(comm)
             else:

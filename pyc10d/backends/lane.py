@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
-from torch.autograd import profiler as _torch_profiler
+from torch.autograd import profiler as torch_profiler
 
 from ..types import RedOpType, ReduceOp
 from .base import EngineCore, Job
@@ -120,7 +120,7 @@ class LaneOps(EngineCore):
             if step is None:  # not yet (e.g. no arena before the group's first operation)
                 return 0
             steps[key] = step
-        if step is False or _torch_profiler._is_profiler_enabled:  # the profiler shows the general path
+        if step is False or torch_profiler._is_profiler_enabled:  # the profiler shows the general path
             return 0
         if wait:
             return self._run_step(opname, red, root, x, y, step)

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from torch.autograd import profiler as _torch_profiler
+from torch.autograd import profiler as torch_profiler
 
 from .. import algorithms as algo
 from .. import settings, threads
@@ -74,7 +74,7 @@ class RecvWork(Work):
                 return
             try:
                 self._pending.comm.deadline = float("inf") if timeout is None else _now() + timeout
-                if _torch_profiler._is_profiler_enabled and self._engine is not None:
+                if torch_profiler._is_profiler_enabled and self._engine is not None:
                     self._profiled_wait()
                 else:
                     self._watch_tags()
@@ -144,7 +144,7 @@ class P2POps(EngineCore):
             raise ValueError(f"send: invalid destination rank {dstRank} (group size {self._size}, rank {self._rank})")
         comm = self._p2p_comm("send")
         comm.channel = self._p2p_channel(tag)
-        if _torch_profiler._is_profiler_enabled:  # ``algorithms.profiling``; seq: this group's sends
+        if torch_profiler._is_profiler_enabled:  # ``algorithms.profiling``; seq: this group's sends
             self._p2p_sends += 1
             with profiling.op_range("send", t, self._p2p_sends, self.group_name, self.backend_name,
                                     peer=dstRank, tag=tag):
