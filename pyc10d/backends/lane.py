@@ -41,6 +41,7 @@ here, 28-123 us in the same benchmark (docs/performance.md, "Asynchronous calls"
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -304,6 +305,13 @@ class LaneOps(EngineCore):
                 self._enqueue(Job(work, finish, channel, s.timeout, s.since, s.red, s.root), first=True)
         finally:
             self._exec.release()
+
+    def hand_off_unattended(self, older_than: float) -> None:
+        """The watchdog's look (``watchdog.unattended``): a started call older than
+        ``older_than`` seconds that nobody came back to goes to the progress thread."""
+        started = self._started
+        if started is not None and time.monotonic() - started.since > older_than:
+            self.hand_off(started.work, block=False)
 
     def shutdown(self) -> None:
         started = self._started

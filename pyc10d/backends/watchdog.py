@@ -203,9 +203,9 @@ def check(engine: Any) -> None:
 def unattended(engine: Any) -> None:
     """A started call older than a period (``period()``) that its caller has not waited for,
     polled or followed with another call: its finish goes to the progress thread."""
-    started = getattr(engine, "_started", None)
-    if started is not None and time.monotonic() - started.since > period():
-        engine.hand_off(started.work, block=False)
+    hand_off = getattr(engine, "hand_off_unattended", None)  # an engine with the lean lane
+    if hand_off is not None:
+        hand_off(period())
 
 
 WATCHDOG = Watchdog()
