@@ -149,7 +149,7 @@ class EngineCore:
     @property
     def timeout_s(self) -> float:
         opts = self.options
-        secs = getattr(opts, "_timeout_s", None)  # ours keep it; an Options of torch's may not
+        secs = getattr(opts, "timeout_s", None)  # ours keep it; an Options of torch's may not
         return opts._timeout.total_seconds() if secs is None else secs
 
     def _set_default_timeout(self, timeout: timedelta) -> None:
