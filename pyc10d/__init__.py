@@ -37,25 +37,6 @@ def _launching_light_main() -> bool:
     return after < len(argv) and argv[after] in _LIGHT_MAINS
 
 
-_loading = False
-
-
-def _load_api() -> None:
-    """Bind every name of ``__all__`` here (idempotent)."""
-    global _loading
-    if _loading:
-        return
-    _loading = True
-    try:
-        import importlib
-
-        api = importlib.import_module(f"{__name__}._api")
-        globals().update({name: getattr(api, name) for name in api.__all__})
-        globals()["__all__"] = api.__all__
-    finally:
-        _loading = False
-
-
 def _is_submodule(name: str) -> bool:
     import pkgutil
 
@@ -63,11 +44,12 @@ def _is_submodule(name: str) -> bool:
 
 
 if _launching_light_main():
+    from . import _lazy_api
 
     def __getattr__(name: str) -> _Any:  # such a process: the API on first use
-        if name.startswith("__") or _loading or _is_submodule(name):
+        if name.startswith("__") or _lazy_api.loading or _is_submodule(name):
             raise AttributeError(name)  # ``from . import x`` then imports the submodule x
-        _load_api()
+        _lazy_api.load_api()
         try:
             return globals()[name]
         except KeyError:

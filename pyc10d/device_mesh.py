@@ -94,10 +94,10 @@ def _dim_groups(lines: list[list[int]], rank: int) -> Any:
     under: a new ``init_process_group`` starts it afresh on every rank alike.
     """
     world = current_world()
-    owner, cache = getattr(world, "_mesh_groups", (None, {}))
+    owner, cache = world.mesh_groups
     if owner is not world.default_pg:
         owner, cache = world.default_pg, {}
-        world._mesh_groups = (owner, cache)  # type: ignore[attr-defined]
+        world.mesh_groups = (owner, cache)
     key = _canonical(lines)
     if key not in cache:
         mine = None

@@ -167,7 +167,7 @@ def init_process_group(
     pg = engine if isinstance(engine, ProcessGroup) else ProcessGroup(
         rank, world_size, engine=engine, group_name=name, backend_name=backend_name
     )
-    pg._store = group_store
+    pg.set_group_store(group_store)
     world.default_pg = pg
     world.default_store = store
     _watch(engine, store)
@@ -268,7 +268,7 @@ def _make_group(ranks: list[int], name: str, backend_name: str, timeout: timedel
     )
     if group_desc:
         pg.group_desc = group_desc
-    pg._store = group_store
+    pg.set_group_store(group_store)
     _watch(engine, world.default_store)
     world.register(pg, name, ranks, backend_name, tag)
     return pg

@@ -160,6 +160,10 @@ class ProcessGroup:
             raise RuntimeError(f"{self!r} was made without a store")
         return self._store
 
+    def set_group_store(self, store: Store) -> None:
+        """Give the group its store (``get_group_store``): the API that makes a group sets it."""
+        self._store = store
+
     def _set_group_desc(self, desc: str) -> None:
         self.group_desc = desc
 

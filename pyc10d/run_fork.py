@@ -76,9 +76,9 @@ class ForkedRank:
 def preload() -> None:
     """Import what the ranks will: torch and pyc10d's API (``python -m pyc10d.run`` leaves the
     API out of its own process until asked: ``pyc10d._launching_light_main``)."""
-    import pyc10d
+    from pyc10d._lazy_api import load_api
 
-    pyc10d._load_api()
+    load_api()
 
 
 def start(target: Sequence[str], module: bool, env: dict[str, str],

@@ -65,7 +65,7 @@ def shrink_group(
     pg = ProcessGroup(child.rank(), child.size(), engine=child, group_name=child.group_name, ranks=ranks,
                       backend_name=backend_name)
     pg.group_desc = "default:shrunken" if is_default else f"{name}:shrunk"
-    pg._store = PrefixStore(f"{child.group_name}/", world.default_store)
+    pg.set_group_store(PrefixStore(f"{child.group_name}/", world.default_store))
     if is_default:
         world.default_pg = pg
     _watch(child, world.default_store)

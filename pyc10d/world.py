@@ -65,6 +65,9 @@ class World:
         self.split_counts: dict[str, int] = {}  # split_group calls per parent group name
         self.timeout: Any = None
         self.warned: set[str] = set()
+        # DeviceMesh's groups, by the lines of ranks they were made for, and the default group
+        # they were made under (``device_mesh._dim_groups``).
+        self.mesh_groups: tuple[Any, dict] = (None, {})
 
     def register(self, pg: Any, name: str, ranks: list[int], backend: str, tag: str) -> None:
         self.pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}

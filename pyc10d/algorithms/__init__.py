@@ -7,7 +7,7 @@ does the same for the shared-memory algorithms (``*_shm_*``, functions of a ``Sh
 
 from __future__ import annotations
 
-from torch.autograd import profiler as _torch_profiler
+from torch.autograd import profiler as torch_profiler
 
 from . import cost, profiling, segments
 from .allgather_bruck import allgather_bruck
@@ -78,7 +78,8 @@ def _by_model(collective: str, world_size: int, nbytes: int):
     return fn
 
 
-def _small_world(collective: str, world_size: int, nbytes: int):
+def select_small_world(collective: str, world_size: int, nbytes: int):
+    """The algorithm the measured thresholds choose (``select`` up to ``SMALL_WORLD`` ranks)."""
     small = world_size <= 2
     if collective == "allreduce":
         return allreduce_direct if nbytes <= SMALL_ALLREDUCE else allreduce_ring
@@ -113,12 +114,12 @@ def select(collective: str, world_size: int, nbytes: int):
     measured thresholds above decide; beyond, the least time in ``cost``'s model.
     """
     if world_size <= SMALL_WORLD:
-        fn = _small_world(collective, world_size, nbytes)
+        fn = select_small_world(collective, world_size, nbytes)
     else:
         if collective not in cost.COSTS:
             raise KeyError(collective)
         fn = _by_model(collective, world_size, nbytes)
-    return profiling.algorithm(fn) if _torch_profiler._is_profiler_enabled else fn
+    return profiling.algorithm(fn) if torch_profiler._is_profiler_enabled else fn
 
 
 # Shared memory: while the ranks' inputs together (n x the tensor) are at most this many
@@ -153,7 +154,7 @@ def select_shm(collective: str, world_size: int, nbytes: int, slot_bytes: int):
         fn = allreduce_shm_flat if flat else allreduce_shm_rsag
     else:
         fn = _SHM_ONLY[collective]
-    return profiling.algorithm(fn) if _torch_profiler._is_profiler_enabled else fn
+    return profiling.algorithm(fn) if torch_profiler._is_profiler_enabled else fn
 
 
 _FNS.update({fn.__name__: fn for fn in (
@@ -164,7 +165,7 @@ _FNS.update({fn.__name__: fn for fn in (
     reduce_direct, reduce_binomial, reduce_rabenseifner, reduce_ring, barrier_direct, barrier_dissemination)})
 
 __all__ = [
-    "Comm", "select", "allgather_direct", "allgather_ring", "allreduce_direct", "allreduce_ring",
+    "Comm", "select", "select_small_world", "allgather_direct", "allgather_ring", "allreduce_direct", "allreduce_ring",
     "alltoall_pairwise", "barrier_direct", "broadcast_chain", "broadcast_direct",
     "broadcast_scatter_allgather",
     "gather_direct", "reduce_direct", "reduce_ring", "reduce_scatter_direct",

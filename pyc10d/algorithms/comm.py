@@ -12,7 +12,7 @@ import time
 from typing import Any, NamedTuple
 
 import torch
-from torch.autograd import profiler as _torch_profiler
+from torch.autograd import profiler as torch_profiler
 
 from ..errors import (
     DistBackendError,
@@ -141,7 +141,7 @@ class PendingRecv:
     def wait(self) -> torch.Tensor:
         c = self.comm
         try:
-            if _torch_profiler._is_profiler_enabled:  # the wait as its own range (``profiling``)
+            if torch_profiler._is_profiler_enabled:  # the wait as its own range (``profiling``)
                 with profiling.wait_range(self.peer):
                     nbytes, meta = self.handle.wait(c.remaining())
             else:

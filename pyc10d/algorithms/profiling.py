@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.autograd import profiler as _torch_profiler
+from torch.autograd import profiler as torch_profiler
 
 _Range = torch._C._profiler._RecordFunctionFast
 _EMPTY: list = []
@@ -34,7 +34,7 @@ _WAIT_NAME = "pyc10d:wait"
 
 def on() -> bool:
     """True while any torch profiler runs in this process (the hooks' one check)."""
-    return _torch_profiler._is_profiler_enabled
+    return torch_profiler._is_profiler_enabled
 
 
 def _tensors(x: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -11,7 +11,7 @@ buffer parities are enough). ``start`` opens the operation: it publishes a descr
 from __future__ import annotations
 
 import torch
-from torch.autograd import profiler as _torch_profiler
+from torch.autograd import profiler as torch_profiler
 
 from ..errors import DistBackendError
 from ..transport.shm.arena import Arena
@@ -71,7 +71,7 @@ class ShmComm:
         self.arena.post(c)
 
     def wait_all(self, c: int) -> None:
-        if _torch_profiler._is_profiler_enabled:  # the wait as its own range (``profiling``)
+        if torch_profiler._is_profiler_enabled:  # the wait as its own range (``profiling``)
             with profiling.wait_range("all"):
                 self.arena.wait_all(c, self.deadline, self.op)
         else:

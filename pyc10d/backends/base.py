@@ -27,7 +27,7 @@ from datetime import timedelta
 from typing import Any, NamedTuple
 
 import torch
-from torch.autograd import profiler as _torch_profiler
+from torch.autograd import profiler as torch_profiler
 
 from .. import settings, threads
 from ..algorithms import profiling
@@ -154,7 +154,7 @@ class EngineCore:
     @property
     def timeout_s(self) -> float:
         opts = self.options
-        secs = getattr(opts, "_timeout_s", None)  # ours keep it; an Options of torch's may not
+        secs = getattr(opts, "timeout_s", None)  # ours keep it; an Options of torch's may not
         return opts._timeout.total_seconds() if secs is None else secs
 
     def _set_default_timeout(self, timeout: timedelta) -> None:
@@ -193,7 +193,7 @@ class EngineCore:
             self._settle_started(sync)
         # The group's timeout unless ``opts`` names one (``_op_timeout`` and ``timeout_s``,
         # inlined for the common case: two Python calls less on every operation).
-        timeout = (getattr(self.options, "_timeout_s", None)
+        timeout = (getattr(self.options, "timeout_s", None)
                    if getattr(opts, "timeout", UNSET_TIMEOUT) is UNSET_TIMEOUT else None)
         if timeout is None:
             timeout = self._op_timeout(opts)
@@ -223,9 +223,9 @@ class EngineCore:
             job = _new_job(Job, (work, fn, channel, timeout, now, red, root))  # (``Job(...)``, no Python frame)
             if not inline:
                 self._enqueue(job)
-                work._runner = self._run_here
-                work._issuer = threading.get_ident()
-        if not inline and _torch_profiler._is_profiler_enabled:  # see ``profiling.queued``
+                work.runner = self._run_here
+                work.issuer = threading.get_ident()
+        if not inline and torch_profiler._is_profiler_enabled:  # see ``profiling.queued``
             profiling.queued(opname, outputs, seq, self.group_name, self.backend_name)
         try:
             if early and self.desync_check:  # messages of peers that ran ahead to this operation
@@ -238,7 +238,7 @@ class EngineCore:
                 self._exec.release()
         if error is not None:
             work = Work(opname, outputs, work.seq)
-            work._finish(error)
+            work.finish(error)
         return work
 
     def _enqueue(self, job: Job, first: bool = False) -> None:
@@ -314,7 +314,7 @@ class EngineCore:
                     job = self._jobs.popleft() if self._jobs else None
                 error = self._run(job) if job is not None else None
             if job is not None:
-                job.work._finish(error)
+                job.work.finish(error)
 
     def _run_here(self, work: Work) -> bool:
         """Run ``work``'s queued job on the calling thread, if that keeps the group's order.
@@ -325,7 +325,7 @@ class EngineCore:
         another rank, which would block in this rank's part instead of doing its own. False
         when the job is the progress thread's to run; the caller then waits for it.
         """
-        if work._issuer != threading.get_ident() or not self._exec.acquire(blocking=False):
+        if work.issuer != threading.get_ident() or not self._exec.acquire(blocking=False):
             return False
         try:
             with self._lock:
@@ -335,7 +335,7 @@ class EngineCore:
             error = self._run(job)  # its token, when the progress thread gets to it, finds nothing
         finally:
             self._exec.release()
-        work._finish(error)
+        work.finish(error)
         return True
 
     def attach_progress_store(self, store: Any) -> None:
@@ -383,8 +383,8 @@ class EngineCore:
             comm.scratch_pool = self._scratch
             if self.desync_check:  # its fingerprint is made when a message needs it
                 comm.collective = job
-            if _torch_profiler._is_profiler_enabled:  # one attribute read when off (``profiling``)
-                with profiling.op_range(work.opname, work._outputs, work.seq, self.group_name, self.backend_name):
+            if torch_profiler._is_profiler_enabled:  # one attribute read when off (``profiling``)
+                with profiling.op_range(work.opname, work.outputs, work.seq, self.group_name, self.backend_name):
                     fn(comm)
             else:
                 fn(comm)
@@ -457,7 +457,7 @@ class EngineCore:
         if log is not None:  # before the dump, which it is part of
             log.ended[work.seq & log.mask] = -_now()
         error = self._with_trace(self._explain_failure(self._annotate(e, work), work))
-        self._fail_group(error, None if isinstance(error, DistError) else self._cause(error, work))
+        self.fail_group(error, None if isinstance(error, DistError) else self._cause(error, work))
         return error
 
     def _annotate(self, error: BaseException, work: Work) -> BaseException:
@@ -514,7 +514,7 @@ class EngineCore:
         """What the peers are told when an error not of pyc10d's own fails ``work`` here."""
         return failures.foreign_cause(error, work.opname, work.seq, self.group_name, self._rank)
 
-    def _fail_group(self, error: BaseException, reason: str | None = None) -> None:
+    def fail_group(self, error: BaseException, reason: str | None = None) -> None:
         """Mark the group failed with ``error`` and abort it, telling the peers ``reason``
         (default: the error's text, which names the group, the operation and this rank)."""
         if self._broken is not None:
@@ -589,7 +589,7 @@ class EngineCore:
             self.transport.close()
 
     def abort(self) -> None:
-        self._fail_group(failures.aborted_by(self.group_name, self._rank), "it called abort()")
+        self.fail_group(failures.aborted_by(self.group_name, self._rank), "it called abort()")
         self.shutdown()
 
     def _check_device(self, tensors: list[torch.Tensor], opname: str) -> None:

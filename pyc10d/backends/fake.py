@@ -39,6 +39,14 @@ def _chunk(inp: torch.Tensor, n: int, i: int) -> torch.Tensor:
     return inp.detach().reshape(n, -1)[i]
 
 
+class _RecvDone(CompletedWork):
+    """A fake ``recv``: finished at once, from the source rank it was asked for."""
+
+    def __init__(self, tensors: list[torch.Tensor], src: int) -> None:
+        super().__init__("recv", tensors)
+        self._source_rank = src
+
+
 class FakeBackend(Engine):
     backend_name = "fake"
 
@@ -98,7 +106,7 @@ class FakeBackend(Engine):
     def gather(self, output_tensors: Any, input_tensors: Any, opts: Any = None, root: int | None = None, _sync: bool = False) -> Work:
         work = super().gather(output_tensors, input_tensors, opts, root, _sync)
         inp = input_tensors if isinstance(input_tensors, torch.Tensor) else input_tensors[0]
-        for o in work._outputs:
+        for o in work.outputs:
             _copy(o, inp)
         return work
 
@@ -107,13 +115,13 @@ class FakeBackend(Engine):
         work = super().scatter(output_tensors, input_tensors, opts, root, _sync)
         if input_tensors:
             ins = input_tensors if isinstance(output_tensors, torch.Tensor) else input_tensors[0]
-            _copy(work._outputs[0], ins[self._rank])
+            _copy(work.outputs[0], ins[self._rank])
         return work
 
     def reduce_scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None, op: Any = None, _sync: bool = False) -> Work:
         work = super().reduce_scatter(output_tensors, input_tensors, opts, op, _sync)
         ins = input_tensors if isinstance(output_tensors, torch.Tensor) else input_tensors[0]
-        _copy(work._outputs[0], ins[self._rank])
+        _copy(work.outputs[0], ins[self._rank])
         return work
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None, op: Any = None, _sync: bool = False) -> Work:
@@ -153,9 +161,7 @@ class FakeBackend(Engine):
     def recv(self, tensors: Any, srcRank: int, tag: int = 0) -> Work:  # noqa: N803 - torch's name
         t = ck.as_list(tensors)
         ck.check_single("recv", t)
-        work = CompletedWork("recv", t)
-        work._source_rank = srcRank
-        return work
+        return _RecvDone(t, srcRank)
 
     def recv_anysource(self, tensors: Any, tag: int = 0) -> Work:
         return self.recv(tensors, 0, tag)

@@ -296,11 +296,11 @@ class HierBackend(Engine):
         """This engine and its shm and leaders' engines (a shrink hands their transports on)."""
         return [self, *self._subs()]
 
-    def _fail_group(self, error: BaseException, reason: str | None = None) -> None:
+    def fail_group(self, error: BaseException, reason: str | None = None) -> None:
         if self._broken is None:
             for e in self._subs():
-                e._fail_group(error, reason)
-        super()._fail_group(error, reason)
+                e.fail_group(error, reason)
+        super().fail_group(error, reason)
 
     def _explain_failure(self, error: BaseException, work: Work) -> BaseException:
         """Say which collective failed when a step did (``allreduce (hierarchical): broadcast:

@@ -41,11 +41,12 @@ here, 28-123 us in the same benchmark (docs/performance.md, "Asynchronous calls"
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
-from torch.autograd import profiler as _torch_profiler
+from torch.autograd import profiler as torch_profiler
 
 from ..types import RedOpType, ReduceOp
 from .base import EngineCore, Job
@@ -120,7 +121,7 @@ class LaneOps(EngineCore):
             if step is None:  # not yet (e.g. no arena before the group's first operation)
                 return 0
             steps[key] = step
-        if step is False or _torch_profiler._is_profiler_enabled:  # the profiler shows the general path
+        if step is False or torch_profiler._is_profiler_enabled:  # the profiler shows the general path
             return 0
         if wait:
             return self._run_step(opname, red, root, x, y, step)
@@ -225,7 +226,7 @@ class LaneOps(EngineCore):
             error = self._failed(e, work)
             self._ended(full, opname, error)
             self._exec.release()
-            work._finish(error)
+            work.finish(error)
             return work
         self._running_op = None
         self._started = Started(work, step, x, y, c, now + timeout, timeout, red, root, now)
@@ -242,11 +243,11 @@ class LaneOps(EngineCore):
         if started is None:
             return
         if block or started.step.ready(started.c, True):
-            self._finish_started(started.work)
+            self.finish_started(started.work)
         else:
-            self._hand_off(started.work)
+            self.hand_off(started.work)
 
-    def _finish_started(self, work: StartedWork, block: bool = True) -> None:
+    def finish_started(self, work: StartedWork, block: bool = True) -> None:
         """Finish ``work`` on this thread if it is still the started one. ``block=False`` (a
         poll, ``is_completed``): only if that needs no waiting; else the progress thread
         takes it, so that a caller polling it still sees it complete, time out or name a
@@ -264,7 +265,7 @@ class LaneOps(EngineCore):
         finally:
             self._exec.release()
         if waiting:
-            self._hand_off(work)
+            self.hand_off(work)
 
     def _complete_started(self) -> None:
         """Run the started operation's finish; the caller holds ``_exec``. (Its Work has no
@@ -282,9 +283,9 @@ class LaneOps(EngineCore):
         except BaseException as e:  # noqa: BLE001 - handed to the waiter
             error = self._failed(e, work)
         self._ended(work.seq, work.opname, error)
-        work._finish(error)
+        work.finish(error)
 
-    def _hand_off(self, work: StartedWork, block: bool = True) -> None:
+    def hand_off(self, work: StartedWork, block: bool = True) -> None:
         """Give ``work``'s finish to the progress thread, ahead of anything queued after it
         (``block=False``: not if another thread is running an operation of the group)."""
         if not self._exec.acquire(block):
@@ -305,8 +306,15 @@ class LaneOps(EngineCore):
         finally:
             self._exec.release()
 
+    def hand_off_unattended(self, older_than: float) -> None:
+        """The watchdog's look (``watchdog.unattended``): a started call older than
+        ``older_than`` seconds that nobody came back to goes to the progress thread."""
+        started = self._started
+        if started is not None and time.monotonic() - started.since > older_than:
+            self.hand_off(started.work, block=False)
+
     def shutdown(self) -> None:
         started = self._started
         if started is not None:
-            self._hand_off(started.work)
+            self.hand_off(started.work)
         super().shutdown()

@@ -25,7 +25,7 @@ class Options:
                 value = timedelta(seconds=value)
             # In seconds too: every operation reads it (``Engine.timeout_s``).
             secs = value.total_seconds() if isinstance(value, timedelta) else None
-            super().__setattr__("_timeout_s", secs)
+            super().__setattr__("timeout_s", secs)
         super().__setattr__(name, value)
 
 

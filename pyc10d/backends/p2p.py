@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
-from torch.autograd import profiler as _torch_profiler
+from torch.autograd import profiler as torch_profiler
 
 from .. import algorithms as algo
 from .. import settings, threads
@@ -36,7 +36,7 @@ class RecvWork(Work):
     """Completes when the posted receive has its data; copies back if the tensor was staged."""
 
     def __init__(self, pending: algo.comm.PendingRecv, dst: torch.Tensor, staged: torch.Tensor, src: int,
-                 engine: EngineCore | None = None, tag: int = 0) -> None:
+                 engine: P2POps | None = None, tag: int = 0) -> None:
         super().__init__("recv", [dst])
         self._pending = pending
         self._dst, self._staged = dst, staged
@@ -65,7 +65,7 @@ class RecvWork(Work):
                     f"recv in group {engine.group_name!r}: desync: rank {comm.rank} waited {waited:.1f}s "
                     f"for tag {self._tag} from rank {self._source_rank}, which sent tag(s) "
                     f"{', '.join(map(str, tags))} instead (p2p tag mismatch)")
-                engine._fail_group(error)
+                engine.fail_group(error)
                 raise error
 
     def _resolve(self, timeout: float | None) -> None:
@@ -74,25 +74,24 @@ class RecvWork(Work):
                 return
             try:
                 self._pending.comm.deadline = float("inf") if timeout is None else _now() + timeout
-                if _torch_profiler._is_profiler_enabled and self._engine is not None:
+                if torch_profiler._is_profiler_enabled and self._engine is not None:
                     self._profiled_wait()
                 else:
                     self._watch_tags()
                     self._pending.wait()
                 self._source_rank = self._pending.peer
                 writeback(self._dst, self._staged)
-                self._finish(None)
+                self.finish(None)
             except DistTimeoutError:
                 raise
             except BaseException as e:  # noqa: BLE001
-                self._finish(e)
+                self.finish(e)
 
     def _profiled_wait(self) -> None:
         """``_resolve``'s wait inside a ``pyc10d:recv`` range (``algorithms.profiling``); its
         ``seq`` counts the group's receives that waited while a profiler ran."""
         engine = self._engine
-        engine._p2p_recvs += 1
-        with profiling.op_range("recv", [self._dst], engine._p2p_recvs, engine.group_name, engine.backend_name,
+        with profiling.op_range("recv", [self._dst], engine.count_profiled_recv(), engine.group_name, engine.backend_name,
                                 peer=self._source_rank, tag=self._tag):
             with profiling.wait_range(self._source_rank):
                 self._watch_tags()
@@ -118,7 +117,7 @@ class RecvWork(Work):
         try:
             self._resolve(self._pending.comm.timeout)
         except BaseException as e:  # noqa: BLE001
-            self._finish(e)
+            self.finish(e)
 
 
 def _now() -> float:
@@ -132,6 +131,11 @@ class P2POps(EngineCore):
     _p2p_sends = 0
     _p2p_recvs = 0
 
+    def count_profiled_recv(self) -> int:
+        """Count a receive that waits while a profiler runs; its ``seq`` (``RecvWork``)."""
+        self._p2p_recvs += 1
+        return self._p2p_recvs
+
     def send(self, tensors: Any, dstRank: int, tag: int = 0) -> Work:  # noqa: N803
         t = ck.as_list(tensors)
         ck.check_single("send", t)
@@ -140,7 +144,7 @@ class P2POps(EngineCore):
             raise ValueError(f"send: invalid destination rank {dstRank} (group size {self._size}, rank {self._rank})")
         comm = self._p2p_comm("send")
         comm.channel = self._p2p_channel(tag)
-        if _torch_profiler._is_profiler_enabled:  # ``algorithms.profiling``; seq: this group's sends
+        if torch_profiler._is_profiler_enabled:  # ``algorithms.profiling``; seq: this group's sends
             self._p2p_sends += 1
             with profiling.op_range("send", t, self._p2p_sends, self.group_name, self.backend_name,
                                     peer=dstRank, tag=tag):

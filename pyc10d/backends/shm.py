@@ -276,10 +276,10 @@ class ShmBackend(Engine):
         algo.select_shm("barrier", comm.size, 0, sc.arena.slot_bytes)(sc)
 
     # -- failure and shutdown -----------------------------------------------------------
-    def _fail_group(self, error: BaseException, reason: str | None = None) -> None:
+    def fail_group(self, error: BaseException, reason: str | None = None) -> None:
         if self._broken is None and self._arena is not None:
             self._arena.abort(reason or str(error))  # its error says "aborted by rank N: ..."
-        super()._fail_group(error, reason)
+        super().fail_group(error, reason)
 
     def shutdown(self) -> None:
         arena = self._arena

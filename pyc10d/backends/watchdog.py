@@ -43,6 +43,31 @@ def period() -> float:
     return max(0.2, min(2.0, warn_after() / 4))
 
 
+class _Seen:
+    """What the watchdog last did about one engine: the progress it published and when
+    (monotonic, completed count), the operation it warned about, whether it warned that the
+    group's store failed."""
+
+    __slots__ = ("published", "published_at", "warned_seq", "store_warned")
+
+    def __init__(self) -> None:
+        self.published: tuple[int, str, int, str] | None = None
+        self.published_at: tuple[float, int] | None = None
+        self.warned_seq: int | None = None
+        self.store_warned = False
+
+
+#: The watchdog's record of each engine it has looked at (kept across a fork, as the engines are).
+_seen: weakref.WeakKeyDictionary[Any, _Seen] = weakref.WeakKeyDictionary()
+
+
+def _seen_of(engine: Any) -> _Seen:
+    seen = _seen.get(engine)
+    if seen is None:
+        seen = _seen.setdefault(engine, _Seen())
+    return seen
+
+
 class Watchdog:
     """The process's watcher of every registered engine (see the module docstring)."""
 
@@ -91,10 +116,11 @@ class Watchdog:
         closed at shutdown, the usual case) only gets a DEBUG line."""
         with self._lock:
             live = engine in self._engines
-        if not live or getattr(engine, "_watchdog_store_warned", False):
+        seen = _seen_of(engine)
+        if not live or seen.store_warned:
             log.debug("pyc10d watchdog: %s: %s", engine.group_name, e)
             return
-        engine._watchdog_store_warned = True
+        seen.store_warned = True
         log.warning("pyc10d watchdog: the store of group %r failed (%s: %s); stuck ranks of this "
                     "group may go unreported until it answers again", engine.group_name,
                     type(e).__name__, e)
@@ -114,17 +140,18 @@ def publish(engine: Any) -> None:
     loop's period is 2 s unless ``PYC10D_STUCK_WARN_S`` is below 8 s), none while nothing moves.
     """
     state = engine.progress()
-    if state == getattr(engine, "_published", None) or engine.progress_store is None:
+    seen = _seen_of(engine)
+    if state == seen.published or engine.progress_store is None:
         return
     now, mono = time.time(), time.monotonic()
     running = engine.running()
     run = (running[0], running[1], f"{now - (mono - running[2]):.3f}") if running else (0, "", 0)
-    prev = getattr(engine, "_published_at", None)
+    prev = seen.published_at
     rate = (state[2] - prev[1]) / max(mono - prev[0], 1e-3) if prev else 0.0
     engine.progress_store.set(_key(engine, engine.rank()),
                               "|".join(map(str, (*state, *run, f"{rate:.2f}", f"{now:.3f}"))))
-    engine._published = state
-    engine._published_at = (mono, state[2])
+    seen.published = state
+    seen.published_at = (mono, state[2])
 
 
 def peers_behind(engine: Any, seq: int) -> list[str]:
@@ -164,9 +191,10 @@ def check(engine: Any) -> None:
         return
     seq, opname, started = running
     waited = time.monotonic() - started
-    if waited < warn_after() or getattr(engine, "_warned_seq", None) == seq:
+    seen = _seen_of(engine)
+    if waited < warn_after() or seen.warned_seq == seq:
         return
-    engine._warned_seq = seq
+    seen.warned_seq = seq
     text = describe_stuck(engine, seq, opname)
     log.warning("pyc10d: rank %d has waited %.0f s in %s #%d of group %r; %s", engine.rank(), waited, opname,
                 seq, engine.group_name, text or "every rank has entered it")
@@ -175,9 +203,9 @@ def check(engine: Any) -> None:
 def unattended(engine: Any) -> None:
     """A started call older than a period (``period()``) that its caller has not waited for,
     polled or followed with another call: its finish goes to the progress thread."""
-    started = getattr(engine, "_started", None)
-    if started is not None and time.monotonic() - started.since > period():
-        engine._hand_off(started.work, block=False)
+    hand_off = getattr(engine, "hand_off_unattended", None)  # an engine with the lean lane
+    if hand_off is not None:
+        hand_off(period())
 
 
 WATCHDOG = Watchdog()

@@ -22,7 +22,7 @@ class Work:
 
     def __init__(self, opname: str, outputs: Any = None, seq: int = -1) -> None:
         self.opname = opname
-        self._outputs = outputs
+        self.outputs = outputs
         self.seq = seq
         # A pre-acquired lock is the cheapest blocking latch (an Event costs a Condition).
         self._latch = threading.Lock()
@@ -34,11 +34,11 @@ class Work:
         self._source_rank = -1
         # Set by the engine for a queued operation: runs it on the waiting thread when that
         # keeps the group's order (True), instead of waiting for the progress thread.
-        self._runner: Callable[[Work], bool] | None = None
-        self._issuer = 0  # the thread that issued it (``threading.get_ident``)
+        self.runner: Callable[[Work], bool] | None = None
+        self.issuer = 0  # the thread that issued it (``threading.get_ident``)
 
     # -- completion (called by the backend) -----------------------------------------------
-    def _finish(self, error: BaseException | None = None) -> None:
+    def finish(self, error: BaseException | None = None) -> None:
         with self._lock:
             self._error = error
             self._finished = True
@@ -51,7 +51,7 @@ class Work:
         if self._error is not None:
             fut.set_exception(self._error)
         else:
-            fut.set_result(self._outputs)
+            fut.set_result(self.outputs)
 
     # -- torch's Work API ------------------------------------------------------------------
     def wait(self, timeout: timedelta | float | None = None) -> bool:
@@ -59,7 +59,7 @@ class Work:
         if secs is not None and secs <= 0:
             secs = None
         if not self._finished:
-            runner = self._runner
+            runner = self.runner
             # Only an unbounded wait may run the operation itself: a bounded one must be able
             # to give up at its timeout, which an operation running on its thread cannot.
             if not (runner is not None and secs is None and runner(self)):
@@ -81,7 +81,7 @@ class Work:
 
     def result(self) -> list[torch.Tensor]:
         self.wait()
-        out = self._outputs
+        out = self.outputs
         return out if isinstance(out, list) else [out] if out is not None else []
 
     def source_rank(self) -> int:
@@ -122,19 +122,19 @@ class StartedWork(Work):
         if not self._finished:
             secs = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
             if secs is None or secs <= 0:
-                self._engine._finish_started(self)
+                self._engine.finish_started(self)
             else:  # a bounded wait must be able to give up: the progress thread finishes it
-                self._engine._hand_off(self)
+                self._engine.hand_off(self)
         return super().wait(timeout)
 
     def is_completed(self) -> bool:
         if not self._finished:
-            self._engine._finish_started(self, block=False)
+            self._engine.finish_started(self, block=False)
         return self._finished
 
     def get_future(self) -> torch.futures.Future:
         if not self._finished:  # its callbacks must run without anyone calling ``wait``
-            self._engine._hand_off(self)
+            self._engine.hand_off(self)
         return super().get_future()
 
 
@@ -145,12 +145,12 @@ class CompletedWork(Work):
 
     _finished = True
     _error = None
-    _runner = None
-    _issuer = 0
+    runner = None
+    issuer = 0
     _source_rank = -1
 
     def __init__(self, opname: str = "noop", outputs: Any = None, seq: int = -1) -> None:
-        self.opname, self._outputs, self.seq = opname, outputs, seq
+        self.opname, self.outputs, self.seq = opname, outputs, seq
         self._future = None
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
@@ -159,6 +159,6 @@ class CompletedWork(Work):
     def get_future(self) -> torch.futures.Future:
         if self._future is None:
             fut = torch.futures.Future()
-            fut.set_result(self._outputs)
+            fut.set_result(self.outputs)
             self._future = fut
         return self._future

@@ -106,7 +106,7 @@ def _worker(args: argparse.Namespace) -> None:
             records.append({"kind": "funcol", "backend": args.backend, "world_size": n, "api": name,
                             "bytes": count * 4, "time_us": statistics.median(times[name]) * 1e6,
                             "correct": ok[name], "iters": k, "reps": args.reps,
-                            "paired_ratio": statistics.median(ratios), "inline_limit": _eager._limit()})
+                            "paired_ratio": statistics.median(ratios), "inline_limit": _eager.inline_limit()})
     _eager.INLINE_BYTES = _eager.DEFAULT_INLINE_BYTES  # the overlap is the asynchronous path's
     records += _overlap(dist, ft_c, args, rank, n, group)
     if rank == 0:

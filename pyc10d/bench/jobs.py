@@ -68,7 +68,7 @@ def table(rows: Sequence[Record]) -> str:
              str(r["jobs"]), f"{r['fastest_us']:.1f}", f"{r['median_us']:.1f}",
              f"{r['slowest_us']:.1f}", f"{r['ratio']:.2f}x", "ok" if r["correct"] else "WRONG"]
             for r in rows]
-    return report._render(header, body)
+    return report.render(header, body)
 
 
 def plot(rows: Sequence[Record], path: Path) -> bool:

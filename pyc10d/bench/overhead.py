@@ -69,13 +69,13 @@ def _profiler_hook_cost(dist: Any, buf: Any, calls: int = 100) -> tuple[float, f
     counter = _CountingFlag()
     mods = [importlib.import_module(m) for m in _HOOKED]
     for m in mods:
-        m._torch_profiler = counter
+        m.torch_profiler = counter
     try:
         for _ in range(calls):
             dist.all_reduce(buf)
     finally:
         for m in mods:
-            m._torch_profiler = torch_profiler
+            m.torch_profiler = torch_profiler
     # the hooks' own expression: a module global's attribute
     ns = min(timeit.repeat("p._is_profiler_enabled", globals={"p": torch_profiler}, number=1_000_000,
                            repeat=5)) * 1e3
@@ -83,7 +83,7 @@ def _profiler_hook_cost(dist: Any, buf: Any, calls: int = 100) -> tuple[float, f
 
 
 def _features_off(group: Any) -> None:
-    engine = group._engine
+    engine = group._get_backend()
     engine.desync_check = False
     engine.recorder = None
     engine.transport.watch_unexpected(engine.group_key, None)

@@ -43,7 +43,7 @@ def _fmt(x: float | None, spec: str = ".3g") -> str:
     return format(x, spec)
 
 
-def _render(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+def render(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     rows = [list(r) for r in rows]
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths))]
@@ -96,7 +96,7 @@ def table(records: Sequence[Record], op: str, world_size: int,
              f"/{REFERENCE} = busbw / {REFERENCE}'s, higher is better"
              + (f"; t/{C_PEER} = latency / Open MPI's, lower is better; t/{C_PEER_TCP}: / Open MPI's "
                 "over TCP)" if time_of else ")"))
-    return title + "\n" + _render(header, rows)
+    return title + "\n" + render(header, rows)
 
 
 def print_report(records: Sequence[Record]) -> None:
@@ -130,7 +130,7 @@ def memcpy_table(records: Sequence[Record], memcpy: float, backends: Sequence[st
             rows.append([op, str(ws), format_size(size)] + [_fmt(x) for x in bw]
                         + ["-" if x is None else f"{x / memcpy:.0%}" for x in bw])
     return (f"busbw at the largest size as a fraction of the memcpy bound ({memcpy:.2f} GB/s)\n"
-            + _render(header, rows))
+            + render(header, rows))
 
 
 def write_json(records: Sequence[Record], path: Path) -> None:

@@ -35,12 +35,12 @@ from . import _buffers
 from ._groups import pg_by_name
 
 DEFAULT_INLINE_BYTES = 16 * 1024
-#: Set (a number of bytes) or None: chosen from the host at the first collective (``_limit``).
+#: Set (a number of bytes) or None: chosen from the host at the first collective (``inline_limit``).
 INLINE_BYTES: int | None = settings.FUNCOL_INLINE_BYTES.get()
 _auto_limit: int | None = None
 
 
-def _limit() -> int:
+def inline_limit() -> int:
     """Bytes above which a functional collective runs asynchronously (see the module's doc)."""
     global _auto_limit
     if INLINE_BYTES is not None:
@@ -100,7 +100,7 @@ def pending_count() -> int:
 
 
 def _async(nbytes: int) -> bool:
-    return nbytes > _limit()
+    return nbytes > inline_limit()
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -25,7 +25,7 @@ class AsyncCollectiveTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor) -> AsyncCollectiveTensor:
-        r = torch.Tensor._make_wrapper_subclass(
+        r: AsyncCollectiveTensor = torch.Tensor._make_wrapper_subclass(
             cls, elem.size(), strides=elem.stride(), storage_offset=elem.storage_offset(),
             dtype=elem.dtype, layout=elem.layout, device=elem.device, requires_grad=False,
         )

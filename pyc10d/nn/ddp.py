@@ -171,7 +171,7 @@ class DistributedDataParallel(nn.Module):
             self.reducer.prepare_for_backward(find_output_tensors(output) if need_outputs else [])
         else:
             self.require_forward_param_sync = False
-            self.reducer._skip_sync()
+            self.reducer.skip_sync()
         if self.output_device is not None and self.device_ids:
             output = _to_device(output, torch.device(self.output_device) if not isinstance(
                 self.output_device, int) else torch.device("cuda", self.output_device))
@@ -246,7 +246,7 @@ class DistributedDataParallel(nn.Module):
             "gradient_as_bucket_view": int(self.gradient_as_bucket_view),
             "static_graph": int(self.static_graph),
             "is_multi_device_module": int(self.is_multi_device_module),
-            "num_buckets": len(self.reducer._buckets),
+            "num_buckets": len(self.reducer.buckets),
         }
 
     # ----------------------------------------------------------------- misc torch API

@@ -236,7 +236,7 @@ class Reducer:
         self._world_size = process_group.size()
         self._comm_hook: Callable[[Any, GradBucket], torch.futures.Future] | None = None
         self._comm_hook_state: Any = None
-        self._buckets: list[_Bucket] = []
+        self.buckets: list[_Bucket] = []
         self._bucket_of: list[tuple[int, int]] = []  # param index -> (bucket, position)
         self._build_buckets(bucket_indices, per_bucket_size_limits)
         # per-iteration state
@@ -298,7 +298,7 @@ class Reducer:
         missing = [i for i, ok in enumerate(placed) if not ok]
         if missing:
             raise RuntimeError(f"Parameters {missing} are not assigned to any bucket.")
-        self._buckets, self._bucket_of = buckets, bucket_of
+        self.buckets, self._bucket_of = buckets, bucket_of
 
     def _rebuild_buckets(self) -> bool:
         """Called before each forward: fail on an unfinished reduction, else rebuild once.
@@ -343,7 +343,7 @@ class Reducer:
         """Arm the hooks for the coming backward; find unused parameters if asked to."""
         self._expect_hooks = True
         self._ready = [False] * len(self.params)
-        for b in self._buckets:
+        for b in self.buckets:
             b.pending = len(b.indices)
             b.future = None
         self._next_bucket = 0
@@ -360,7 +360,7 @@ class Reducer:
                 self._local_used[sorted(used)] = 1
             self._marked_unused = False
 
-    def _skip_sync(self) -> None:
+    def skip_sync(self) -> None:
         """This iteration's backward accumulates locally (``no_sync`` or an unarmed reducer)."""
         self._expect_hooks = False
 
@@ -369,12 +369,16 @@ class Reducer:
 
         def hook(_param: torch.Tensor) -> None:
             reducer = ref()
-            if reducer is not None and reducer._expect_hooks:
-                reducer._on_grad_ready(index)
+            if reducer is not None:
+                reducer.on_grad_ready(index)
 
         return hook
 
-    def _on_grad_ready(self, index: int) -> None:
+    def on_grad_ready(self, index: int) -> None:
+        """Parameter ``index``'s gradient is ready (its hook calls this): counted when this
+        iteration's backward synchronises, else ignored (``skip_sync``)."""
+        if not self._expect_hooks:
+            return
         # Autograd may run hooks on several device threads (CUDA); bucket state is shared.
         with self._lock:
             self._on_grad_ready_locked(index)
@@ -403,7 +407,7 @@ class Reducer:
         if not self._has_rebuilt:
             self._arrival.append(index)
         b, pos = self._bucket_of[index]
-        bucket = self._buckets[b]
+        bucket = self.buckets[b]
         param = self.params[index]
         grad = param.grad
         if bucket.dense:
@@ -421,17 +425,17 @@ class Reducer:
             self._launch_ready_buckets()
 
     def _launch_ready_buckets(self) -> None:
-        while self._next_bucket < len(self._buckets) and self._buckets[self._next_bucket].pending == 0:
+        while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].pending == 0:
             index = self._next_bucket
             self._next_bucket += 1
-            self._launch(index, self._buckets[index])
-        if self._next_bucket == len(self._buckets) and not self._finalize_queued:
+            self._launch(index, self.buckets[index])
+        if self._next_bucket == len(self.buckets) and not self._finalize_queued:
             self._finalize_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finalize_backward)
 
     def _launch(self, index: int, bucket: _Bucket) -> None:
         if self._comm_hook is not None:
-            grad_bucket = GradBucket(index, bucket, index == len(self._buckets) - 1)
+            grad_bucket = GradBucket(index, bucket, index == len(self.buckets) - 1)
             fut = self._comm_hook(self._comm_hook_state, grad_bucket)
             if not isinstance(fut, torch._C.Future):  # what Future.then returns; torch.futures.Future subclasses it
                 raise RuntimeError(
@@ -458,7 +462,7 @@ class Reducer:
             assert self._local_used is not None
             used = self._local_used.tolist()
             self._used_work = None
-        for bucket in self._buckets:
+        for bucket in self.buckets:
             value = bucket.future.wait()
             result = value[0] if isinstance(value, (list, tuple)) else value
             bucket.future = None
@@ -494,7 +498,7 @@ class Reducer:
 
     def _bucket_param_indices(self) -> list[list[int]]:
         """Current bucket layout (parameter indices per bucket), for tests and logging."""
-        return [list(b.indices) for b in self._buckets]
+        return [list(b.indices) for b in self.buckets]
 
     def _remove_hooks(self) -> None:
         for h in self._handles:

@@ -41,7 +41,7 @@ class _Recv:
         self.nbytes = 0.0
 
     def wait(self) -> torch.Tensor:
-        self.sim._wait(self)
+        self.sim.wait(self)
         return self.buf
 
 
@@ -52,10 +52,10 @@ class SimComm:
         self.sim, self.rank, self.size = sim, rank, sim.n
 
     def send(self, peer: int, t: torch.Tensor) -> None:
-        self.sim._send(self.rank, peer, t)
+        self.sim.send(self.rank, peer, t)
 
     def irecv(self, peer: int, t: torch.Tensor) -> _Recv:
-        return self.sim._irecv(self.rank, peer, t)
+        return self.sim.irecv(self.rank, peer, t)
 
     def recv(self, peer: int, t: torch.Tensor) -> torch.Tensor:
         return self.irecv(peer, t).wait()
@@ -116,11 +116,12 @@ class Sim:
             self._push(self.clock[rank], rank)
             self._switch(rank)
 
-    def _reduced(self, nbytes: float) -> None:
+    def reduced(self, nbytes: float) -> None:
+        """Charge the running rank the CPU time of reducing ``nbytes``."""
         self._cpu(self.current, nbytes * self.net.gamma)
 
     # -- messages --------------------------------------------------------------------------
-    def _send(self, src: int, dst: int, t: torch.Tensor) -> None:
+    def send(self, src: int, dst: int, t: torch.Tensor) -> None:
         net = self.net
         self._in_time_order(src)  # (what a rank behind sends takes the NICs first)
         b = t.numel() * t.element_size() * self.scale
@@ -159,7 +160,7 @@ class Sim:
             self.waiting[h.rank] = None
             self._push(max(self.clock[h.rank], arrive), h.rank)
 
-    def _irecv(self, rank: int, peer: int, buf: torch.Tensor) -> _Recv:
+    def irecv(self, rank: int, peer: int, buf: torch.Tensor) -> _Recv:
         h = _Recv(self, rank, peer, buf)
         queue = self.unexpected.get((rank, peer))
         if queue:
@@ -169,7 +170,7 @@ class Sim:
             self.posted.setdefault((rank, peer), deque()).append(h)
         return h
 
-    def _wait(self, h: _Recv) -> None:
+    def wait(self, h: _Recv) -> None:
         r = h.rank
         if not h.done:
             self.waiting[r] = h
@@ -269,7 +270,7 @@ class _Charging:
             return k
 
         def charged(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-            sim._reduced(out.numel() * out.element_size() * sim.scale)
+            sim.reduced(out.numel() * out.element_size() * sim.scale)
             return k(a, b, out=out)
 
         return charged

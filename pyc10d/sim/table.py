@@ -1,6 +1,6 @@
 """One row of the scaling table: an op at (n, S) under today's selection and the new one.
 
-Today's selection is ``algorithms._small_world`` (the measured thresholds, which were the
+Today's selection is ``algorithms.select_small_world`` (the measured thresholds, which were the
 rule at every n before the cost model), the new one ``algorithms.select``. A flat or ring
 algorithm at hundreds of ranks sends n^2 messages in all, too many to simulate one by one
 in Python; above ``SIM_LIMIT`` messages its time is the closed form of ``algorithms.cost``
@@ -86,7 +86,7 @@ def outcome(op: str, fn: Any, n: int, nbytes: int, net: Net) -> Outcome:
 
 
 def today(op: str, n: int, nbytes: int) -> Any:
-    return algo._small_world(op, n, nbytes)
+    return algo.select_small_world(op, n, nbytes)
 
 
 def new(op: str, n: int, nbytes: int) -> Any:

@@ -33,7 +33,7 @@ class PrefixStore(Store):
         """The first store below any number of nested PrefixStores."""
         store: Store = self._store
         while isinstance(store, PrefixStore):
-            store = store._store
+            store = store.underlying_store
         return store
 
     @property

@@ -91,30 +91,35 @@ class TorchWork(_TorchWorkBase):
         return f"<TorchWork {self._work!r}>"
 
 
-def _laned(pg: TorchProcessGroup, done: Any, opname: str, outputs: list[torch.Tensor]) -> TorchWork | None:
-    """The Work of a call the lean lane took: ``done`` is its sequence number (a synchronous
-    call, run) or the ``StartedWork`` of an asynchronous one; 0 when the lane declined (None).
+class _LaneWork(TorchWork):
+    """A group's shared finished Work: what ``laned`` answers for every synchronous call of
+    the group that the lean lane ran."""
 
-    Every synchronous call of ``pg`` answers the same finished ``TorchWork``, refilled: torch
-    asks for one only to ``wait`` on it at once and drop it (``async_op=False``), and making
-    a torch ``Work`` is a C++ object and two Python ones per call (2.1 us of a call hot, a
-    one-process diagnostic; 0.1 refilled), more again when the caches are cold. (Threads
-    calling one group at once share it too: each ``wait`` is right, ``result`` is the last
-    call's.)"""
-    if not done:
-        return None
-    if done.__class__ is not int:
-        return TorchWork(done)
-    work = pg._done
-    if work is None:
-        work = pg._done = TorchWork(_SyncDone())
-    work._future = None
-    work._work.refill(opname, outputs, done)
-    return work
+    def __init__(self) -> None:
+        super().__init__(_SyncDone())
+
+    def laned(self, done: Any, opname: str, outputs: list[torch.Tensor]) -> TorchWork | None:
+        """The Work of a call the lean lane took: ``done`` is its sequence number (a
+        synchronous call, run) or the ``StartedWork`` of an asynchronous one; 0 when the lane
+        declined (None).
+
+        Every synchronous call of the group answers this same finished ``TorchWork``,
+        refilled: torch asks for one only to ``wait`` on it at once and drop it
+        (``async_op=False``), and making a torch ``Work`` is a C++ object and two Python ones
+        per call (2.1 us of a call hot, a one-process diagnostic; 0.1 refilled), more again
+        when the caches are cold. (Threads calling one group at once share it too: each
+        ``wait`` is right, ``result`` is the last call's.)"""
+        if not done:
+            return None
+        if done.__class__ is not int:
+            return TorchWork(done)
+        self._future = None
+        self._work.refill(opname, outputs, done)
+        return self
 
 
 class _SyncDone(CompletedWork):
-    """The pyc10d side of a group's shared finished Work (``_laned``): its outputs are held
+    """The pyc10d side of a group's shared finished Work (``_LaneWork``): its outputs are held
     weakly, so that the Work torch dropped does not keep the last call's tensors alive."""
 
     def __init__(self) -> None:
@@ -126,11 +131,11 @@ class _SyncDone(CompletedWork):
         self._refs = list(map(weakref.ref, outputs))
 
     @property
-    def _outputs(self) -> list[torch.Tensor]:  # type: ignore[override] - read by result and the future
+    def outputs(self) -> list[torch.Tensor]:  # type: ignore[override] - read by result and the future
         return [t for t in (r() for r in self._refs) if t is not None]
 
-    @_outputs.setter
-    def _outputs(self, value: Any) -> None:
+    @outputs.setter
+    def outputs(self, value: Any) -> None:
         pass  # (CompletedWork's __init__ sets it; the weak references stand for it)
 
 
@@ -165,7 +170,8 @@ class TorchProcessGroup(tdist.ProcessGroup):
         self._backend_label = backend_name
         self._group_name = engine.group_name
         self._group_desc = "undefined"
-        self._done: TorchWork | None = None  # every synchronous lane call's Work (``_laned``)
+        # Every synchronous lane call's Work (``_LaneWork.laned``), for a group with a lane.
+        self._done = _LaneWork() if self._lane is not None else None
         # Dropped by its last holder (torchft drops a failed group by reference), the group
         # shuts down as a Gloo group does in its destructor (``release_on_drop``).
         release_on_drop(self, engine)
@@ -206,7 +212,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
         if (lane is not None and tensors.__class__ is list and len(tensors) == 1
                 and opt.lane_ok(opts, _AllreduceOptions)):
             red = opt.lane_op(opts)
-            work = _laned(self, lane.lean_allreduce(tensors[0], red, opts.asyncOp is False) if red is not None else 0,
+            work = self._done.laned(lane.lean_allreduce(tensors[0], red, opts.asyncOp is False) if red is not None else 0,
                           "allreduce", tensors)
             if work is not None:
                 return work
@@ -222,7 +228,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
         lane = self._lane
         if (lane is not None and tensors.__class__ is list and len(tensors) == 1
                 and opt.lane_ok(opts, _BroadcastOptions) and opts.rootTensor == 0):
-            work = _laned(self, lane.lean_broadcast(tensors[0], opts.rootRank, opts.asyncOp is False), "broadcast", tensors)
+            work = self._done.laned(lane.lean_broadcast(tensors[0], opts.rootRank, opts.asyncOp is False), "broadcast", tensors)
             if work is not None:
                 return work
         o = opt.broadcast(opts)
@@ -240,7 +246,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TorchWork:
         lane = self._lane
         if lane is not None and opt.lane_ok(opts, _AllgatherOptions):
-            work = _laned(self, lane.lean_allgather(output, input, opts.asyncOp is False), "allgather_into_tensor", [output])
+            work = self._done.laned(lane.lean_allgather(output, input, opts.asyncOp is False), "allgather_into_tensor", [output])
             if work is not None:
                 return work
         o = opt.allgather(opts)
@@ -273,7 +279,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
         if lane is not None and opt.lane_ok(opts, _ReduceScatterOptions):
             red = opt.lane_op(opts)
             done = lane.lean_reduce_scatter(output, input, red, opts.asyncOp is False) if red is not None else 0
-            work = _laned(self, done, "reduce_scatter_tensor", [output])
+            work = self._done.laned(done, "reduce_scatter_tensor", [output])
             if work is not None:
                 return work
         o = opt.reduce_scatter(opts)
@@ -298,7 +304,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
         lane = self._lane
         if (lane is not None and not output_split_sizes and not input_split_sizes
                 and opt.lane_ok(opts, _AllToAllOptions)):
-            work = _laned(self, lane.lean_alltoall(output, input, opts.asyncOp is False), "alltoall_base", [output])
+            work = self._done.laned(lane.lean_alltoall(output, input, opts.asyncOp is False), "alltoall_base", [output])
             if work is not None:
                 return work
         o = opt.alltoall(opts)
@@ -336,7 +342,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def barrier(self, opts: Any = None) -> TorchWork:
         lane = self._lane
         if lane is not None and opt.lane_ok(opts, _BarrierOptions) and not opts.device_ids:
-            work = _laned(self, lane.lean_barrier(opts.asyncOp is False), "barrier", [])
+            work = self._done.laned(lane.lean_barrier(opts.asyncOp is False), "barrier", [])
             if work is not None:
                 return work
         return TorchWork(self._engine.barrier(opt.barrier(opts), _sync=opt.is_sync(opts)))

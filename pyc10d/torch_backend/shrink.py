@@ -33,7 +33,7 @@ from .group import TorchProcessGroup
 def install() -> None:
     """Wrap torch's ``_create_shrunk_process_group`` (once; a torch without it is left alone)."""
     original = getattr(c10d, "_create_shrunk_process_group", None)
-    if original is None or getattr(original, "_pyc10d", False):
+    if original is None or getattr(original, "installed_by_pyc10d", False):
         return
 
     def create(new_backend: Any, remaining_ranks: list[int], metadata: dict, is_default_group: bool) -> Any:
@@ -46,6 +46,6 @@ def install() -> None:
             new_backend.bound_device_id = metadata["bound_device_id"]
         return new_backend
 
-    create._pyc10d = True  # type: ignore[attr-defined]
+    create.installed_by_pyc10d = True  # type: ignore[attr-defined]
     create.__wrapped__ = original  # type: ignore[attr-defined]
     c10d._create_shrunk_process_group = create

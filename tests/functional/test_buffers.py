@@ -81,9 +81,9 @@ def test_inline_policy_follows_the_cores(monkeypatch: pytest.MonkeyPatch) -> Non
     for local, spare in ((1, cores >= 2), (cores, False), (cores // 2 or 1, cores >= 2)):
         monkeypatch.setattr(_eager, "_auto_limit", None)
         monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
-        assert _eager._limit() == (_eager.DEFAULT_INLINE_BYTES if spare else sys.maxsize), local
+        assert _eager.inline_limit() == (_eager.DEFAULT_INLINE_BYTES if spare else sys.maxsize), local
     monkeypatch.setattr(_eager, "INLINE_BYTES", 123)
-    assert _eager._limit() == 123
+    assert _eager.inline_limit() == 123
 
 
 class TestCopyOnWriteInput(MultiThreadedTestCase):

@@ -122,7 +122,7 @@ def _train_ddp(
                 F.mse_loss(ddp(xs), ys).backward()
         opt.step()
         opt.zero_grad()
-    assert len(ddp.reducer._buckets) >= 3, ddp.reducer._bucket_param_indices()
+    assert len(ddp.reducer.buckets) >= 3, ddp.reducer._bucket_param_indices()
     return _state(model)
 
 
