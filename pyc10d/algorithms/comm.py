@@ -267,7 +267,3 @@ class Comm:
     def recv(self, peer: int, t: torch.Tensor) -> torch.Tensor:
         return self.irecv(peer, t).wait()
 
-    def sendrecv(self, send_peer: int, send_t: torch.Tensor, recv_peer: int, recv_t: torch.Tensor) -> None:
-        pending = self.irecv(recv_peer, recv_t)
-        self.send(send_peer, send_t)
-        pending.wait()

@@ -528,9 +528,6 @@ class EngineCore:
         # alive by their views, see ``byte_view``): fail them, and any later ones of the group.
         self.transport.cancel(self.group_key, error)
 
-    def _run_sync(self, opname: str, fn: Callable[[Comm], Any], outputs: Any, opts: Any = None) -> Work:
-        return self._submit(opname, fn, outputs, opts, sync=True)
-
     def derive(self, ranks: list[int], rank: int, group_name: str, options: Options) -> EngineCore:
         """The engine of a subgroup of this group (``ranks``: ranks of this group; ``rank``:
         this process's rank in the subgroup) that shares this engine's transport, so that a

@@ -60,10 +60,6 @@ class SimComm:
     def recv(self, peer: int, t: torch.Tensor) -> torch.Tensor:
         return self.irecv(peer, t).wait()
 
-    def sendrecv(self, send_peer: int, send_t: torch.Tensor, recv_peer: int, recv_t: torch.Tensor) -> None:
-        pending = self.irecv(recv_peer, recv_t)
-        self.send(send_peer, send_t)
-        pending.wait()
 
     def scratch(self, slot: int, numel: int, dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(numel, dtype=dtype)
