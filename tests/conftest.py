@@ -98,10 +98,17 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(why)
 
 
+# A forked rank waits for ever on an import lock that another thread of its parent held at
+# the fork. Seen in test_status (2 of 8 runs on a quiet machine): its main thread's first
+# ``getaddrinfo`` was importing the idna codec while its job thread forked the ranks, and
+# every rank hung in its own ``getaddrinfo``. Imported here, before any test forks.
+#
 # torch's DDP, FSDP2 and DTensor import torch._dynamo and torch.distributed.tensor lazily, on
 # first use: in a rank forked from a parent that has not imported them, every rank pays it
 # (2-3 s each on a quiet 2-core machine, 5-6 s under load). Imported here once per worker, the
 # forked ranks inherit them.
+import encodings.idna  # noqa: E402, F401
+
 import torch._dynamo  # noqa: E402
 import torch.distributed.fsdp  # noqa: E402
 import torch.distributed.tensor  # noqa: E402, F401
