@@ -42,6 +42,7 @@ from .work import CompletedWork, Work
 
 _now = time.monotonic
 _P2P_BIT = 1 << 31
+_UNCLAIMED = (0, 0.0)  # ``_claim``: nothing taken
 
 
 def group_key(name: str) -> int:
@@ -395,27 +396,25 @@ class EngineCore:
         return error
 
     # -- the sequencer and the bookkeeping every path shares --------------------------------
-    # ``_submit`` issues (and queues, or runs inline) an operation; ``_claim`` takes the next
+    # ``_submit`` issues (and queues, or runs inline) an operation; ``_claim`` takes (and records) the next
     # one for a caller that runs it at once when the group is idle (the lane); both end in
     # ``_ended``. ``_run`` and the lane record entry and end through the same fields.
-    def _claim(self) -> int:
+    def _claim(self, opname: str, red: ReduceOp | None, root: int, x: torch.Tensor | None) -> tuple[int, float]:
         """The group's next sequence number, taken for an operation run at once on the
-        calling thread (the lane's: ``_exec`` held, one operation pending), or 0 having taken
-        nothing: something of the group is queued or running, or it is closed, broken or
-        desynchronised (the caller then submits it, which queues it or raises what it must)."""
+        calling thread (the lane's: ``_exec`` held, one operation pending), and the operation
+        recorded as issued and running; (its number, its start time). ``(0, 0.0)`` having
+        taken nothing: something of the group is queued or running, or it is closed, broken
+        or desynchronised (the caller then submits it, which queues it or raises what it must).
+        One call for both: the lane pays every Python call it makes (``lane.py``)."""
         lock = self._lock
         lock.acquire()
         if (self._pending or self._closed or self._broken is not None or self._desync is not None
                 or not self._exec.acquire(False)):
             lock.release()
-            return 0
+            return _UNCLAIMED
         self._seq = full = self._seq + 1
         self._pending = 1
         lock.release()
-        return full
-
-    def _entry(self, full: int, opname: str, red: ReduceOp | None, root: int, x: torch.Tensor | None) -> float:
-        """Record operation ``full`` (claimed) as issued and running; its start time."""
         seq = full & 0x7FFFFFFF
         now = _now()
         log = self.recorder
@@ -423,7 +422,7 @@ class EngineCore:
             log.issue(seq, opname, x, -now, red, None if root < 0 else root)
         self._running_op = (full, opname, now)
         self._entered = (full, opname)
-        return now
+        return full, now
 
     def _check_early(self, full: int, opname: str, red: ReduceOp | None, root: int) -> None:
         """Check the messages peers sent for operation ``full`` before it was issued here, as

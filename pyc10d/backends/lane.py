@@ -177,11 +177,12 @@ class LaneOps(EngineCore):
         """Run ``step`` as the group's next operation, with the engine's bookkeeping."""
         if self._started is not None:
             self._settle_started(True)  # this call waits for its peers anyway: finish that one here
-        full = self._claim()
+        full, now = self._claim(opname, red, root, x)
         if not full:
             return 0
-        now = self._entry(full, opname, red, root, x)
-        timeout = self.timeout_s
+        timeout = getattr(self.options, "timeout_s", None)  # (``timeout_s``, inlined)
+        if timeout is None:
+            timeout = self.timeout_s
         error = None
         try:
             if self._early:
@@ -212,10 +213,9 @@ class LaneOps(EngineCore):
         if start is None:
             return 0  # a step that posts more than once (all_to_all): the general path queues it
         self._settle_started(False)
-        full = self._claim()
+        full, now = self._claim(opname, red, root, x)
         if not full:
             return 0
-        now = self._entry(full, opname, red, root, x)
         work = StartedWork(self, opname, [] if x is None else [x], full)
         timeout = self.timeout_s
         try:

@@ -95,7 +95,7 @@ class TCPBackend(Engine):
 
         def step(x: Any, y: Any, deadline: float, timeout: float) -> None:
             running = self._running_op
-            assert running is not None  # set by ``LaneOps._entry`` for this operation
+            assert running is not None  # set by ``EngineCore._claim`` for this operation
             comm = Comm(io, ranks, rank, high | (running[0] & 0x7FFFFFFF), timeout, opname)
             comm.scratch_pool = scratch
             comm.collective = collective
