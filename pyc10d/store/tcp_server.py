@@ -13,10 +13,10 @@ Requests of one connection are answered in order: while one is parked (or its an
 be sent yet), the connection's later requests wait in its parser, and the loop stops reading
 from it once it holds ``_STALLED_CAP`` bytes unanswered. Malformed input closes that
 connection alone, with a logged reason, after the answers it already earned are sent. With
-``PYC10D_AUTH_TOKEN`` set each connection first passes ``auth.ServerHandshake`` (bounded by
-``auth.HANDSHAKE_TIMEOUT_S``); a client without a token is told so in the plain protocol.
-With ``PYC10D_TLS_*`` set each connection is wrapped in TLS at accept and its handshake is
-driven by the loop like the rest (``tls.ServerHandshake``), before the token's handshake.
+``PYC10D_TLS_*`` and ``PYC10D_AUTH_TOKEN`` set each connection first comes in through
+``admission.Admission`` (TLS, then the token, one deadline), driven by the loop like the rest,
+the same way as into a tcp rank's listener; a client without a token is told so in the plain
+protocol.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from collections import deque
 from typing import Any
 
 from .. import auth, keepalive, threads, tls
+from ..admission import Admission, Refused
 from ..errors import DistNetworkError
 from ..hostport import format_hostport
 from . import wire
@@ -43,7 +44,7 @@ _STALLED_CAP = 1 << 20  # unanswered input a parked or write-blocked connection 
 _FLUSH_S = 10.0  # a closing connection's last answers get this long to leave
 _REFUSE_DRAIN = 16 * 65536  # bytes read from a refused client so its answer is not reset
 _MAX_SELECT_S = 60.0
-_AUTHING, _SERVING, _REFUSING, _CLOSING, _TLS = range(5)
+_ADMITTING, _SERVING, _REFUSING, _CLOSING = range(4)
 log = logging.getLogger("pyc10d")
 
 
@@ -56,19 +57,17 @@ def _addr(addr: object) -> str:
 class _Conn:
     """One client connection's state in the loop."""
 
-    __slots__ = ("sock", "addr", "parser", "out", "state", "waiter", "hs", "events",
-                 "timer", "drained", "eof", "tls")
+    __slots__ = ("sock", "addr", "parser", "out", "state", "waiter", "adm", "events",
+                 "timer", "drained", "eof")
 
-    def __init__(self, sock: socket.socket, addr: object, max_bytes: int,
-                 secret: bytes | None, tls_hs: tls.ServerHandshake | None) -> None:
-        self.sock, self.addr = sock, addr
+    def __init__(self, adm: Admission, addr: object, max_bytes: int) -> None:
+        self.sock, self.addr = adm.sock, addr
         self.parser = wire.FrameParser(max_bytes, wire.SHAPES)
         self.out = bytearray()  # answers the kernel did not take yet
-        self.tls = tls_hs
-        self.state = _TLS if tls_hs is not None else _SERVING if secret is None else _AUTHING
-        self.hs = None if secret is None else auth.ServerHandshake(secret)
+        self.adm: Admission | None = None if adm.done else adm
+        self.state = _SERVING if adm.done else _ADMITTING
         self.waiter: _Waiter | None = None
-        self.events = selectors.EVENT_READ
+        self.events = adm.events
         self.timer = -1  # sequence number of this connection's live deadline, -1 for none
         self.drained = 0
         self.eof = False  # the client shut its side: answer what it sent, then close
@@ -129,8 +128,8 @@ class Server:
                             self._drain_wake()
                         continue
                     try:
-                        if conn.state == _TLS:
-                            self._tls_step(conn)
+                        if conn.state == _ADMITTING:
+                            self._admit(conn)
                             continue
                         if events & selectors.EVENT_WRITE:
                             self._flush(conn)
@@ -164,38 +163,34 @@ class Server:
             except OSError as e:  # out of file descriptors, ...: keep serving the others
                 log.warning("TCPStore server on port %d: accept failed: %s", self.port, e)
                 return
-            sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             keepalive.apply(sock, self._peer_timeout)  # a client's vanished host frees its slot
-            hs = tls.server_handshake(sock, self._tls)
-            conn = _Conn(hs.sock if hs else sock, addr, self._max_bytes, self._secret, hs)
+            conn = _Conn(Admission(sock, self._tls, self._secret), addr, self._max_bytes)
             self._conns.add(conn)
-            self._sel.register(conn.sock, selectors.EVENT_READ, conn)
-            if conn.state in (_AUTHING, _TLS):
-                self._set_timer(conn, auth.HANDSHAKE_TIMEOUT_S)
+            self._sel.register(conn.sock, conn.events, conn)
+            if conn.adm is not None:
+                self._set_timer(conn, conn.adm.deadline - time.monotonic())
 
-    def _tls_step(self, conn: _Conn) -> None:
-        """Drive ``conn``'s TLS handshake; once done it is served (or authenticated) as any."""
-        assert conn.tls is not None
+    def _admit(self, conn: _Conn) -> None:
+        """Take ``conn``'s next step in (TLS, token); once in, it is served as any."""
+        assert conn.adm is not None
         try:
-            done = conn.tls.step()
-        except tls.TLSError as e:
-            if not self._stopping:
-                log.warning("TCPStore server on port %d: refused the connection from %s: %s",
-                            self.port, _addr(conn.addr), e)
-            self._close(conn, None)
+            rest = conn.adm.advance()
+        except Refused as e:
+            self._refused(conn, e)
             return
-        if not done:
-            if conn.tls.events != conn.events:
-                self._sel.modify(conn.sock, conn.tls.events, conn)
-                conn.events = conn.tls.events
+        if rest is None:
+            if conn.adm.events != conn.events:
+                self._sel.modify(conn.sock, conn.adm.events, conn)
+                conn.events = conn.adm.events
             return
-        conn.tls = None
-        if conn.hs is None:
-            conn.state, conn.timer = _SERVING, -1
-        else:
-            conn.state = _AUTHING  # its timer runs on: the whole set-up has one deadline
+        conn.state, conn.adm, conn.timer = _SERVING, None, -1
         self._update_events(conn)
+        if rest:  # requests that came with the handshake's last bytes
+            conn.parser.feed(rest)
+            self._serve(conn)
+        if conn.state == _SERVING and tls.buffered(conn.sock):
+            self._on_readable(conn)
 
     def _drain_wake(self) -> None:
         try:
@@ -219,27 +214,12 @@ class Server:
                 self._close(conn, None)
             return
         if not data:
-            if conn.state == _AUTHING:
-                assert conn.hs is not None
-                self._refused(conn, conn.hs.ended(timed_out=False))
-            elif conn.waiter is not None:
+            if conn.waiter is not None:
                 self._close(conn, None)  # gone while its request was parked
             else:
                 conn.eof = True
                 self._serve(conn)
             return
-        if conn.state == _AUTHING:
-            assert conn.hs is not None
-            try:
-                reply, data = conn.hs.feed(data)
-            except auth.AuthError as e:
-                self._refused(conn, e)
-                return
-            if reply:
-                self._send(conn, reply)
-            if not conn.hs.done:
-                return
-            conn.state, conn.hs, conn.timer = _SERVING, None, -1
         if conn.parser.idle() and conn.waiter is None and not conn.out:
             try:  # the common case: the bytes are exactly one request
                 frame = wire.parse_whole(data, self._max_bytes, wire.SHAPES)
@@ -415,13 +395,8 @@ class Server:
                 self._unpark(obj)
                 self._send(obj.conn, self._answer(obj, wire.TIMEOUT))
                 self._runnable.append(obj.conn)
-            elif obj.state == _TLS:
-                log.warning("TCPStore server on port %d: refused the connection from %s: TLS "
-                            "handshake failed: %s", self.port, _addr(obj.addr), tls.describe(TimeoutError()))
-                self._close(obj, None)
-            elif obj.state == _AUTHING:
-                assert obj.hs is not None
-                self._refused(obj, obj.hs.ended(timed_out=True))
+            elif obj.adm is not None:
+                self._refused(obj, Refused(obj.adm.ended(timed_out=True) or "it timed out"))
             else:  # a refused or closing connection that would not finish
                 self._close(obj, None)
 
@@ -477,11 +452,11 @@ class Server:
                 self._sel.modify(conn.sock, events, conn)
             conn.events = events
 
-    def _refused(self, conn: _Conn, e: auth.AuthError) -> None:
+    def _refused(self, conn: _Conn, e: Refused) -> None:
         if not self._stopping:
-            log.warning("TCPStore server on port %d: refused the connection from %s: "
-                        "authentication failed: %s", self.port, _addr(conn.addr), e)
-        if not isinstance(e, auth.NotAuthenticating):
+            log.warning("TCPStore server on port %d: refused the connection from %s: %s",
+                        self.port, _addr(conn.addr), e)
+        if not e.plain:
             self._close(conn, None)
             return
         # A client without the token speaks the plain protocol: answer in it, so that it
@@ -489,7 +464,7 @@ class Server:
         # already (closing with unread bytes would reset the connection and could discard
         # the answer before the client reads it), bounded in bytes and time.
         msg = b"TCPStore server: authentication failed: this server requires PYC10D_AUTH_TOKEN"
-        conn.state, conn.hs = _REFUSING, None
+        conn.state, conn.adm = _REFUSING, None
         self._send(conn, wire.pack(wire.AUTH, [msg]))
         try:
             conn.sock.shutdown(socket.SHUT_WR)

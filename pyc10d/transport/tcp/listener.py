@@ -4,8 +4,8 @@ Connections are lazy (see ``tcp``): a peer may dial this rank at any time, not o
 set-up, so the listener stays up until the transport closes. Anyone can reach it, so every
 connection is vetted before it becomes a peer's: authentication if ``PYC10D_AUTH_TOKEN`` is
 set, then the hello (the dialer's rank and the nonce this rank published through the store),
-within ``HELLO_TIMEOUT_S``, all inside TLS when ``PYC10D_TLS_*`` is set (``tls.ServerHandshake``,
-driven by the same loop). A connection that fails any of it is closed without a word and
+within ``HELLO_TIMEOUT_S``, all inside TLS when ``PYC10D_TLS_*`` is set (TLS and the token are
+``admission.Admission``, the way into TCPStore's server too, driven by the same loop). A connection that fails any of it is closed without a word and
 the reason is logged; at most ``MAX_PENDING`` connections are vetted at once.
 
 One thread does it all with ``selectors``, reading whatever each connection has sent: a
@@ -34,7 +34,8 @@ import struct
 import time
 from collections.abc import Callable, Sequence
 
-from ... import auth, threads, tls
+from ... import threads, tls
+from ...admission import TIMEOUT_S, Admission, Refused
 from ...hostport import family_of, format_hostport
 from .netif import is_loopback
 
@@ -45,28 +46,20 @@ LANE_SHIFT = 24
 RANK_MASK = (1 << LANE_SHIFT) - 1
 ACCEPTED, USE_OTHER = b"\x01", b"\x00"
 # A connection to a rank's listener has this long to authenticate and say hello.
-HELLO_TIMEOUT_S = auth.HANDSHAKE_TIMEOUT_S
+HELLO_TIMEOUT_S = TIMEOUT_S
 # Connections vetted at once; more are refused.
 MAX_PENDING = 512
 log = logging.getLogger("pyc10d")
 
 
 class _Pending:
-    """A connection being vetted: its handshake (if a token is set) and hello so far."""
+    """A connection being vetted: its way in (``Admission``) and its hello so far."""
 
-    __slots__ = ("sock", "who", "deadline", "hs", "got", "tls")
+    __slots__ = ("adm", "sock", "who", "got")
 
-    def __init__(self, sock: socket.socket, who: str, secret: bytes | None,
-                 tls_hs: tls.ServerHandshake | None = None) -> None:
-        self.sock, self.who, self.tls = sock, who, tls_hs
-        self.deadline = time.monotonic() + HELLO_TIMEOUT_S
-        self.hs = None if secret is None else auth.ServerHandshake(secret)
+    def __init__(self, adm: Admission, who: str) -> None:
+        self.adm, self.sock, self.who = adm, adm.sock, who
         self.got = bytearray()
-
-    def want(self) -> int:
-        if self.hs is not None and not self.hs.done:
-            return self.hs.want()
-        return HELLO.size - len(self.got)
 
 
 class Listener:
@@ -103,7 +96,7 @@ class Listener:
             while not self._closed:
                 timeout = None
                 if self._pending:
-                    first = min(p.deadline for p in self._pending.values())
+                    first = min(p.adm.deadline for p in self._pending.values())
                     timeout = max(first - time.monotonic(), 0.0)
                 for key, _ in self._sel.select(timeout):
                     if key.data is not None:
@@ -111,8 +104,8 @@ class Listener:
                     elif key.fileobj is self._sock:
                         self._accept()
                 now = time.monotonic()
-                for p in [p for p in self._pending.values() if p.deadline <= now]:
-                    self._refuse(p, self._ended(p, "it sent no hello in time", timed_out=True))
+                for p in [p for p in self._pending.values() if p.adm.deadline <= now]:
+                    self._refuse(p, p.adm.ended(timed_out=True) or "it sent no hello in time")
         finally:
             for p in list(self._pending.values()):
                 self._drop(p)
@@ -129,54 +122,42 @@ class Listener:
             except OSError as e:  # e.g. out of file descriptors: log, keep serving the rest
                 log.warning("tcp transport: rank %d could not accept a connection: %s", self.rank, e)
                 return
-            who = format_hostport(addr[0], addr[1])
-            p = _Pending(sock, who, self._secret)
+            p = _Pending(Admission(sock, self._tls, self._secret, HELLO_TIMEOUT_S),
+                         format_hostport(addr[0], addr[1]))
             if len(self._pending) >= MAX_PENDING:
                 self._refuse(p, f"{MAX_PENDING} connections are being vetted already")
                 continue
-            sock.setblocking(False)
-            p.tls = tls.server_handshake(sock, self._tls)
-            if p.tls is not None:
-                p.sock = p.tls.sock
             self._pending[p.sock] = p
-            self._sel.register(p.sock, selectors.EVENT_READ, p)
+            self._sel.register(p.sock, p.adm.events, p)
 
     def _readable(self, p: _Pending) -> None:
-        if p.tls is not None and not p.tls.done:
+        if not p.adm.done:
             try:
-                if not p.tls.step():
-                    self._sel.modify(p.sock, p.tls.events, p)
-                    return
-            except tls.TLSError as e:
+                rest = p.adm.advance()
+            except Refused as e:
                 self._refuse(p, str(e))
                 return
-            self._sel.modify(p.sock, selectors.EVENT_READ, p)
+            self._sel.modify(p.sock, p.adm.events, p)
+            if rest is None:
+                return
+            p.got += rest
         self._vet(p)
         while p.sock in self._pending and tls.buffered(p.sock):  # decrypted: no readiness event
             self._vet(p)
 
     def _vet(self, p: _Pending) -> None:
-        try:
-            data = p.sock.recv(p.want())
-        except (*tls.WOULD_BLOCK, InterruptedError):
-            return
-        except OSError as e:
-            self._refuse(p, str(e) or type(e).__name__)
-            return
-        if not data:
-            self._refuse(p, self._ended(p, "it closed the connection before its hello", timed_out=False))
-            return
-        if p.hs is not None and not p.hs.done:
+        if len(p.got) < HELLO.size:
             try:
-                reply, rest = p.hs.feed(data)
-                if reply:
-                    p.sock.sendall(reply)  # 72 bytes to a fresh socket: the buffer takes them
-            except (OSError, auth.AuthError) as e:
-                what = "authentication failed: " if isinstance(e, auth.AuthError) else ""
-                self._refuse(p, f"{what}{e}")
+                data = p.sock.recv(HELLO.size - len(p.got))
+            except (*tls.WOULD_BLOCK, InterruptedError):
                 return
-            data = rest
-        p.got += data
+            except OSError as e:
+                self._refuse(p, str(e) or type(e).__name__)
+                return
+            if not data:
+                self._refuse(p, "it closed the connection before its hello")
+                return
+            p.got += data
         if len(p.got) >= HELLO.size:
             self._hello(p)
 
@@ -203,15 +184,6 @@ class Listener:
                 self._refuse(p, f"rank {peer}: {reason}")
 
     # -- ending connections -----------------------------------------------------------------
-    @staticmethod
-    def _ended(p: _Pending, why: str, timed_out: bool) -> str:
-        """Why a connection that stopped (closed or went silent) is refused."""
-        if p.tls is not None and not p.tls.done:
-            return f"TLS handshake failed: {tls.describe(TimeoutError() if timed_out else EOFError())}"
-        if p.hs is not None and not p.hs.done:
-            return f"authentication failed: {p.hs.ended(timed_out=timed_out)}"
-        return why
-
     def _forget(self, p: _Pending) -> None:
         self._pending.pop(p.sock, None)
         try:
