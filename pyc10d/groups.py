@@ -261,7 +261,7 @@ def _make_group(ranks: list[int], name: str, backend_name: str, timeout: timedel
     else:
         engine = make_engine(backend_name, group_store, group_rank, len(ranks), timeout, name)
     if pg_options is not None and hasattr(engine, "options"):
-        engine.options = pg_options
+        engine.options = Options.of(pg_options)
         engine.options._timeout = timeout
     pg = engine if isinstance(engine, ProcessGroup) else ProcessGroup(
         group_rank, len(ranks), engine=engine, group_name=name, ranks=ranks, backend_name=backend_name

@@ -218,7 +218,7 @@ class ProcessGroupGloo(ProcessGroup):
         name = f"gloo_pg_{next(ProcessGroupGloo._counter)}"
         # the engine "gloo" stands for: tcp, unless ``Backend._aliases`` says otherwise
         engine = _FACTORIES[Backend.resolve("gloo")](store, rank, size, options._timeout, name)
-        engine.options = options
+        engine.options = Options.of(options)
         super().__init__(rank, size, engine=engine, group_name=name, backend_name="gloo")
         self._store = store
 

@@ -29,10 +29,6 @@ class GroupMember:
 
     NON_GROUP_MEMBER = NonGroupMember()
 
-    @classmethod
-    def _world_pg(cls) -> Any:
-        return current_world().default_pg
-
 
 class _WorldDescriptor:
     def __get__(self, obj: Any, owner: Any) -> Any:

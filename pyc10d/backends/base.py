@@ -100,7 +100,7 @@ class EngineCore:
         self._size = len(ranks)
         self.group_name = group_name
         self.group_key = group_key(group_name)
-        self.options = options or Options()
+        self.options = Options.of(options) if options is not None else Options()
         self._owns_transport = owns_transport
         self._seq = 0
         self._lock = threading.Lock()
@@ -154,9 +154,8 @@ class EngineCore:
 
     @property
     def timeout_s(self) -> float:
-        opts = self.options
-        secs = getattr(opts, "timeout_s", None)  # ours keep it; an Options of torch's may not
-        return opts._timeout.total_seconds() if secs is None else secs
+        """The group's timeout in seconds (``options`` is always an ``Options``: see ``of``)."""
+        return self.options.timeout_s
 
     def _set_default_timeout(self, timeout: timedelta) -> None:
         self.options._timeout = timeout
@@ -192,12 +191,10 @@ class EngineCore:
         """
         if self._started is not None:  # (only the lane sets it)
             self._settle_started(sync)
-        # The group's timeout unless ``opts`` names one (``_op_timeout`` and ``timeout_s``,
-        # inlined for the common case: two Python calls less on every operation).
-        timeout = (getattr(self.options, "timeout_s", None)
-                   if getattr(opts, "timeout", UNSET_TIMEOUT) is UNSET_TIMEOUT else None)
-        if timeout is None:
-            timeout = self._op_timeout(opts)
+        # The group's timeout unless ``opts`` names one (``timeout_s`` inlined: a Python call
+        # less on every operation).
+        timeout = (self.options.timeout_s if getattr(opts, "timeout", UNSET_TIMEOUT) is UNSET_TIMEOUT
+                   else self._op_timeout(opts))
         log = self.recorder
         with self._lock:
             if self._closed:

@@ -67,6 +67,7 @@ from ..types import (
 from . import shm
 from .base import EngineCore
 from .engine import Engine
+from .failures import reworded
 from .options import Options
 from .staging import host
 from .tcp import TCPBackend
@@ -313,12 +314,7 @@ class HierBackend(Engine):
         lost = self.layout.describe_lost(dead) if dead else ""
         if lost and lost not in text:
             text = f"{text} [connection lost to {lost}]"
-        if text == str(error):
-            return error
-        try:
-            return type(error)(text)
-        except Exception:  # noqa: BLE001 - an error type with another constructor: keep it as is
-            return error
+        return error if text == str(error) else reworded(error, text)
 
     def _lost_ranks(self, error: BaseException) -> set[int]:
         """Ranks of this group whose tcp connection is gone. When one is, probe the rest of

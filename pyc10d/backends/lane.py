@@ -180,9 +180,7 @@ class LaneOps(EngineCore):
         full, now = self._claim(opname, red, root, x)
         if not full:
             return 0
-        timeout = getattr(self.options, "timeout_s", None)  # (``timeout_s``, inlined)
-        if timeout is None:
-            timeout = self.timeout_s
+        timeout = self.options.timeout_s  # (``timeout_s``, inlined)
         error = None
         try:
             if self._early:
@@ -217,7 +215,7 @@ class LaneOps(EngineCore):
         if not full:
             return 0
         work = StartedWork(self, opname, [] if x is None else [x], full)
-        timeout = self.timeout_s
+        timeout = self.options.timeout_s
         try:
             if self._early:
                 self._check_early(full, opname, red, root)

@@ -155,27 +155,33 @@ class GatherOps(EngineCore):
         return self._submit("allgather_coalesced", run, output_lists, opts, _sync)
 
     # -- gather / scatter -------------------------------------------------------------------
+    def _rooted(self, opname: str, root: int, mine: Any, lists: Any, my_side: str,
+                list_side: str) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """Gather's and scatter's checks: every rank's one tensor (``mine``) and, on the root
+        only, the list of a tensor per rank (None elsewhere, which must pass none)."""
+        ck.check_root_rank(opname, root, self._size)
+        ck.check_single(opname, mine, f"{my_side} list")
+        t = mine[0]
+        check_tensor(opname, t, f"{my_side}_tensors")
+        if self._rank != root:
+            if lists:
+                ck.fail(opname, f"requires empty {list_side} on non-root")
+            return t, None
+        ck.check_single(opname, lists, f"{list_side} list")
+        tensors = list(lists[0])
+        check_tensors(opname, tensors, f"{list_side}_tensors")
+        if len(tensors) != self._size:
+            ck.fail(opname, "requires a tensor list of world size on the root")
+        ck.check_same(opname, tensors, t)
+        return t, tensors
+
     def gather(self, output_tensors: Any, input_tensors: Any, opts: GatherOptions | None = None, root: int | None = None, _sync: bool = False) -> Work:
         opts = opts if opts is not None else GatherOptions()
         root_rank = opts.rootRank if root is None else root
         if isinstance(input_tensors, torch.Tensor):
             input_tensors = [input_tensors]
             output_tensors = [list(output_tensors)] if output_tensors else []
-        ck.check_root_rank("gather", root_rank, self._size)
-        ck.check_single("gather", input_tensors, "input list")
-        inp = input_tensors[0]
-        check_tensor("gather", inp, "input_tensors")
-        if self._rank == root_rank:
-            ck.check_single("gather", output_tensors, "output list")
-            outs = list(output_tensors[0])
-            check_tensors("gather", outs, "output_tensors")
-            if len(outs) != self._size:
-                ck.fail("gather", "requires a tensor list of world size on the root")
-            ck.check_same("gather", outs, inp)
-        elif output_tensors:
-            ck.fail("gather", "requires empty output on non-root")
-        else:
-            outs = None
+        inp, outs = self._rooted("gather", root_rank, input_tensors, output_tensors, "input", "output")
         value = outs if outs is not None else []
 
         def run(comm: algo.Comm) -> None:
@@ -193,21 +199,7 @@ class GatherOps(EngineCore):
         if isinstance(output_tensors, torch.Tensor):
             output_tensors = [output_tensors]
             input_tensors = [list(input_tensors)] if input_tensors else []
-        ck.check_root_rank("scatter", root_rank, self._size)
-        ck.check_single("scatter", output_tensors, "output list")
-        out = output_tensors[0]
-        check_tensor("scatter", out, "output_tensors")
-        if self._rank == root_rank:
-            ck.check_single("scatter", input_tensors, "input list")
-            ins = list(input_tensors[0])
-            check_tensors("scatter", ins, "input_tensors")
-            if len(ins) != self._size:
-                ck.fail("scatter", "requires a tensor list of world size on the root")
-            ck.check_same("scatter", ins, out)
-        elif input_tensors:
-            ck.fail("scatter", "requires empty input on non-root")
-        else:
-            ins = None
+        out, ins = self._rooted("scatter", root_rank, output_tensors, input_tensors, "output", "input")
 
         def run(comm: algo.Comm) -> None:
             h = host(out)

@@ -15,6 +15,18 @@ class Options:
         self._threads = 2
         self.backend = "tcp"
 
+    @classmethod
+    def of(cls, options: Any) -> Options:
+        """``options`` as pyc10d's own: another class's (torch's ``_Options``, a user's) gives
+        its timeout, devices and threads to a new one, so every operation reads its timeout
+        one way (``timeout_s``)."""
+        if isinstance(options, Options):
+            return options
+        own = cls(getattr(options, "_timeout", None))
+        own._devices = list(getattr(options, "_devices", []))
+        own._threads = getattr(options, "_threads", own._threads)
+        return own
+
     @property
     def timeout(self) -> timedelta:
         return self._timeout

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.launch import keep_fastest, run_worker
-from pyc10d.bench.report import write_result
+from pyc10d.bench.report import cli_args, finish
 from pyc10d.bench.timing import back_to_back
 
 IMPLS = ["pyc10d-shm", "pyc10d-tcp", "torch-pyc10d_shm", "torch-gloo"]
@@ -254,12 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         ratio = r["step_ms"] / ref[r["world_size"]] if r["world_size"] in ref else float("nan")
         print(f"{r['impl']:<12}{r['world_size']:>6}{r['step_ms']:>10.1f}{r['compute_ms']:>10.1f}"
               f"{r['comm_ms']:>10.1f}{r['hidden']:>8.0%}{ratio:>8.2f}x")
-    for f in failures:
-        print("FAILED", f)
-    path = write_result(args.out, "ddp", {"args": {k: v for k, v in vars(args).items() if k not in ("worker", "impl")},
-                                        "records": records, "failures": failures})
-    print(f"wrote {path}")
-    return 1 if failures else 0
+    payload = {"args": cli_args(args), "records": records, "failures": failures}
+    return finish(args.out, "ddp", payload, failures, "FAILED")
 
 
 if __name__ == "__main__":

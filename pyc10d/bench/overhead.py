@@ -37,7 +37,7 @@ from typing import Any
 
 from pyc10d import settings
 from pyc10d.bench.launch import run_worker
-from pyc10d.bench.report import write_result
+from pyc10d.bench.report import finish
 from pyc10d.bench.timing import back_to_back
 
 TARGET = {8: 0.05, 64 << 20: 0.01}
@@ -190,12 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         share = f"{100 * cost_us / call:.2f}% of the 8 B call" if call else "(no 8 B figure)"
         print(f"profiler hooks off, {h['backend']}: {h['profiler_reads_per_call']:.1f} flag reads per call x "
               f"{h['profiler_read_ns']:.0f} ns = {cost_us:.3f} us, {share} (target {100 * PROFILER_TARGET:.0f}%)")
-    for line in bad:
-        print("problem:", line)
-    path = write_result(args.out, "overhead", {"world_size": args.world_size, "rows": rows, "profiler_hooks": hooks,
-                                             "problems": bad})
-    print(f"wrote {path}")
-    return 1 if bad else 0
+    payload = {"world_size": args.world_size, "rows": rows, "profiler_hooks": hooks, "problems": bad}
+    return finish(args.out, "overhead", payload, bad)
 
 
 if __name__ == "__main__":

@@ -193,3 +193,18 @@ def write_result(out: str | Path, name: str, payload: Any) -> Path:
     path = folder / f"{name}-{datetime.datetime.now():%Y%m%d-%H%M%S}.json"
     path.write_text(json.dumps(payload, indent=1))
     return path
+
+
+def finish(out: str | Path, name: str, payload: dict[str, Any], problems: list[str],
+           label: str = "problem:") -> int:
+    """A benchmark driver's last step: print each problem, write ``payload`` (with the problems
+    under ``problems``'s own key in it already), say where; the exit status (1 on problems)."""
+    for line in problems:
+        print(label, line)
+    print(f"wrote {write_result(out, name, payload)}")
+    return 1 if problems else 0
+
+
+def cli_args(args: Any) -> dict[str, Any]:
+    """A driver's options for its JSON, without the worker-only ones."""
+    return {k: v for k, v in vars(args).items() if k not in ("worker", "impl")}

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.launch import run_worker
-from pyc10d.bench.report import write_result
+from pyc10d.bench.report import finish
 
 BACKENDS = ("pyc10d-tcp", "gloo")
 
@@ -108,12 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         m = {k: statistics.median(r[k] for r in rs) for k in ("init_s", "first_all_reduce_s", "span_s")}
         medians.append({"backend": backend, **m})
         print(f"| {backend} | {m['init_s']:.3f} | {m['first_all_reduce_s']:.3f} | {m['span_s']:.3f} |")
-    for line in problems:
-        print("problem:", line)
-    path = write_result(args.out, "startup", {"world_size": args.world_size, "medians": medians, "runs": runs,
-                                            "problems": problems})
-    print(f"wrote {path}")
-    return 1 if problems else 0
+    payload = {"world_size": args.world_size, "medians": medians, "runs": runs, "problems": problems}
+    return finish(args.out, "startup", payload, problems)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.launch import run_worker
-from pyc10d.bench.report import write_result
+from pyc10d.bench.report import cli_args, finish
 from pyc10d.bench.timing import back_to_back
 
 Body = Callable[[int], Any]
@@ -262,12 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                     failures += [f"torch-gloo x{world}: {w}" for w in gloo["wrong"]]
             records.append(rec)
     print("\n".join(_table(records, args)))
-    for f in failures:
-        print("FAILED", f)
-    path = write_result(args.out, "symm_mem", {"args": {k: v for k, v in vars(args).items() if k not in ("worker", "impl")},
-                                             "records": records, "failures": failures})
-    print(f"wrote {path}")
-    return 1 if failures else 0
+    payload = {"args": cli_args(args), "records": records, "failures": failures}
+    return finish(args.out, "symm_mem", payload, failures, "FAILED")
 
 
 if __name__ == "__main__":

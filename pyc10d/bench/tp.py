@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.launch import keep_fastest, run_worker
-from pyc10d.bench.report import write_result
+from pyc10d.bench.report import cli_args, finish
 from pyc10d.bench.timing import back_to_back
 
 IMPLS = ["single", "pyc10d-shm", "torch-pyc10d_shm", "torch-gloo", "dtensor-pyc10d_shm", "dtensor-gloo"]
@@ -232,12 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     for impl, r in best.items():
         ratio = f"{r['ms_per_token'] / single:.3f}x" if single else "-"
         print(f"{impl:<20}{r['ms_per_token']:>10.3f}{ratio:>11}  {', '.join(f'{t:.3f}' for t in r['round_ms']):>22}")
-    for f in failures:
-        print("FAILED", f)
-    path = write_result(args.out, "tp", {"args": {k: v for k, v in vars(args).items() if k not in ("worker", "impl")},
-                                       "records": list(best.values()), "failures": failures})
-    print(f"wrote {path}")
-    return 1 if failures else 0
+    payload = {"args": cli_args(args), "records": list(best.values()), "failures": failures}
+    return finish(args.out, "tp", payload, failures, "FAILED")
 
 
 if __name__ == "__main__":

@@ -45,8 +45,9 @@ PER_TEST_TIMEOUT_S = 120
 
 
 # -- one configuration, in this interpreter ---------------------------------------------------
-class _Recorder(unittest.TextTestResult):
-    """Keeps each test's outcome, its reason (skip reason or the error's last lines) and time."""
+class Recorder(unittest.TextTestResult):
+    """Keeps each test's outcome, its reason (skip reason or the error's last lines) and time,
+    under its name (``name``: torchft's suite keys them by class too)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -57,10 +58,13 @@ class _Recorder(unittest.TextTestResult):
         self._t0 = time.monotonic()
         super().startTest(test)
 
+    @staticmethod
+    def name(test: unittest.TestCase) -> str:
+        return test.id().rsplit(".", 1)[-1]
+
     def _put(self, test: unittest.TestCase, outcome: str, reason: str = "") -> None:
-        name = test.id().rsplit(".", 1)[-1]
-        self.records[name] = {"outcome": outcome, "reason": reason.strip(),
-                              "seconds": round(time.monotonic() - self._t0, 2)}
+        self.records[self.name(test)] = {"outcome": outcome, "reason": reason.strip(),
+                                         "seconds": round(time.monotonic() - self._t0, 2)}
 
     def addSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802
         super().addSuccess(test)
@@ -115,7 +119,7 @@ def run_config(backend: str, world_size: int, out: Path, only: list[str] | None,
     if pattern:
         names = [n for n in names if pattern in n]
     suite = unittest.TestSuite(cls(n) for n in names)
-    runner = unittest.TextTestRunner(resultclass=_Recorder, verbosity=2, stream=sys.stderr)
+    runner = unittest.TextTestRunner(resultclass=Recorder, verbosity=2, stream=sys.stderr)
     t0 = time.monotonic()
     result = runner.run(suite)
     import torch

@@ -45,6 +45,7 @@ from torchft.process_group import ProcessGroup, ProcessGroupBabyGloo, ProcessGro
 
 from ..integrations.torchft import ProcessGroupPyc10d
 from . import reruns
+from .torch_suite import Recorder
 
 RESULTS = Path("benchmarks/results/torchft")
 
@@ -185,38 +186,12 @@ def selection(group: str) -> unittest.TestSuite:
                                loader.loadTestsFromTestCase(manager_case(group))])
 
 
-class _Recorder(unittest.TextTestResult):
-    """Each test's outcome and seconds."""
+class _Recorder(Recorder):
+    """Each test's outcome and seconds, keyed ``Class.test`` (both groups' classes share names)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.records: dict[str, dict[str, Any]] = {}
-        self._t0 = 0.0
-
-    def startTest(self, test: unittest.TestCase) -> None:  # noqa: N802 - unittest's name
-        self._t0 = time.monotonic()
-        super().startTest(test)
-
-    def _put(self, test: unittest.TestCase, outcome: str, reason: str = "") -> None:
-        name = test.id().rsplit(".", 2)[-2:]
-        self.records[".".join(name)] = {"outcome": outcome, "reason": reason[-600:],
-                                        "seconds": round(time.monotonic() - self._t0, 3)}
-
-    def addSuccess(self, test: unittest.TestCase) -> None:  # noqa: N802
-        super().addSuccess(test)
-        self._put(test, "passed")
-
-    def addFailure(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
-        super().addFailure(test, err)
-        self._put(test, "failed", self.failures[-1][1])
-
-    def addError(self, test: unittest.TestCase, err: Any) -> None:  # noqa: N802
-        super().addError(test, err)
-        self._put(test, "error", self.errors[-1][1])
-
-    def addSkip(self, test: unittest.TestCase, reason: str) -> None:  # noqa: N802
-        super().addSkip(test, reason)
-        self._put(test, "skipped", reason)
+    @staticmethod
+    def name(test: unittest.TestCase) -> str:
+        return ".".join(test.id().rsplit(".", 2)[-2:])
 
 
 def run(group: str) -> dict[str, Any]:
@@ -279,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1))
-    return 0 if not counts.get("failed") and not counts.get("error") else 1
+    return 0 if not counts.get("failed") else 1
 
 
 if __name__ == "__main__":
