@@ -1,8 +1,10 @@
 # Developer entry points. Everything runs from the project's own virtualenv in .venv.
-#   make venv   create .venv (once; again when pyproject.toml changes)
+#   make venv   create .venv (once; again when pyproject.toml changes) with torch 2.13.0;
+#               TORCH=2.14.1 (any target) uses and creates .venv-torch2.14.1 instead
 #   make demo   4-rank tour of the collectives, then a short DDP training run (2 ranks)
 #   make test   the test suite, one pytest-xdist worker per CPU (docs/testing.md), without
 #               the cases marked full (the rest of the grids: make test-full runs those)
+#   make test-torch-next  make test on torch 2.14.1 (TORCH_NEXT), in .venv-torch2.14.1
 #   make test-launchers  env:// under torchrun, Slurm and MPI environments, real mpirun
 #               (installs Debian's openmpi-bin first when mpirun is missing; needs root)
 #   make bench  benchmarks vs torch.distributed's gloo (BENCH_ARGS="..." passes options),
@@ -45,7 +47,11 @@
 #   make lint   ruff
 
 PYTHON ?= python3
-VENV := .venv
+# The torch a venv holds: 2.13.0 (the small CPU build) in .venv; another in its own folder
+# (make venv TORCH=2.14.1 -> .venv-torch2.14.1, a CUDA build that runs on the CPU, 5.5 GB).
+TORCH ?= 2.13.0
+TORCH_NEXT ?= 2.14.1
+VENV := $(if $(filter 2.13.0,$(TORCH)),.venv,.venv-torch$(TORCH))
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp
 BENCH_ARGS ?=
@@ -56,7 +62,7 @@ PROPERTY_EXAMPLES ?= 3000
 # A launch of 33 processes on 2 cores runs for minutes: the per-test limit of test-worlds.
 WORLDS_TIMEOUT ?= 1800
 
-.PHONY: venv demo test test-full test-launchers test-worlds fuzz chaos bench bench-instructions test-instructions torch-suite test-torchft \
+.PHONY: venv demo test test-torch-next test-full test-launchers test-worlds fuzz chaos bench bench-instructions test-instructions torch-suite test-torchft \
 	chaos-torchft lint clean exit-trials
 
 venv: $(STAMP)
@@ -67,7 +73,7 @@ venv: $(STAMP)
 # instead: these targets let Python write bytecode (PYTHONDONTWRITEBYTECODE, below).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --no-compile torch==2.13.0
+	$(VENV)/bin/pip install --no-compile torch==$(TORCH)
 	$(VENV)/bin/pip install --no-compile -e '.[test,bench,dev]'
 	touch $@
 
@@ -96,6 +102,10 @@ test: $(STAMP)
 		DEBIAN_FRONTEND=noninteractive apt-get install -y tmux tcpdump iptables openssl; } || true
 	$(PY) -m compileall -q -j 0 pyc10d tests examples _pyc10d_autoload.py
 	$(PY) -m pytest tests -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup -m "not full"
+
+# The whole suite again on the next torch (its own venv: make venv TORCH=$(TORCH_NEXT)).
+test-torch-next:
+	$(MAKE) test TORCH=$(TORCH_NEXT)
 
 # The rest of the grids whose short forms make test runs (tests marked full: tests/conftest.py).
 test-full: $(STAMP)

@@ -10,6 +10,10 @@ any exception into a failed ``import torch``. So this module is the least that c
 * it registers pyc10d's backend names with creators that import ``pyc10d.torch_backend`` on
   the first group they build: ``import torch`` pays for a few dictionary writes, not for pyc10d;
 * it never raises: a failure is a warning, and torch imports as if pyc10d were not installed.
+
+torch 2.14 also calls ``register`` through the ``torch.distributed.backends`` entry points (one
+per name), when ``init_process_group`` meets a name that is not registered yet: with the
+autoload switched off, ``init_process_group("pyc10d")`` still finds pyc10d there.
 """
 
 from __future__ import annotations

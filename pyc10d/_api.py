@@ -21,6 +21,8 @@ from .collectives import (
     barrier,
     broadcast,
     gather,
+    gather_into_tensor,
+    gather_single,
     monitored_barrier,
     reduce,
     reduce_scatter,
@@ -50,6 +52,7 @@ from .groups import (
     destroy_process_group,
     get_backend,
     get_backend_config,
+    get_backend_impl,
     get_default_backend_for_device,
     get_global_rank,
     get_group_rank,
@@ -71,6 +74,7 @@ from .groups import (
     new_group,
     new_subgroups,
     new_subgroups_by_enumeration,
+    set_timeout,
     split_group,
 )
 from .nn import _DEFAULT_FIRST_BUCKET_BYTES, GradBucket, Reducer, _compute_bucket_assignment_by_size
@@ -127,5 +131,6 @@ __all__ = [
     "all_gather_single", "reduce_scatter_single", "supports_complex", "get_backend_config",
     "get_default_backend_for_device", "is_backend_available", "split_group", "send_object_list",
     "recv_object_list", "register_rendezvous_handler", "QueueEmptyError", "BuiltinCommHookType",
-    "is_xccl_available", "shrink_group",
+    "is_xccl_available", "shrink_group", "gather_single", "gather_into_tensor", "get_backend_impl",
+    "set_timeout",
 ]

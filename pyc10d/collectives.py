@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+from typing_extensions import deprecated
 
 from ._preamble import (
     as_real,
@@ -40,7 +41,8 @@ from .world import current_world
 
 __all__ = [
     "all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "all_gather",
-    "all_gather_into_tensor", "_all_gather_base", "all_gather_coalesced", "gather", "scatter",
+    "all_gather_into_tensor", "_all_gather_base", "all_gather_coalesced", "gather", "gather_single",
+    "gather_into_tensor", "scatter",
     "reduce_scatter", "reduce_scatter_tensor", "_reduce_scatter_base", "all_to_all_single",
     "all_to_all", "barrier", "monitored_barrier", "_broadcast_coalesced", "all_gather_single",
     "reduce_scatter_single", "supports_complex",
@@ -206,6 +208,35 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
     if pg.rank() == root and not gather_list:
         raise ValueError("gather: the destination rank must pass gather_list")
     return invoke(pg, "gather", outs, [as_real(tensor)], GatherOptions(rootRank=root), async_op=async_op)
+
+
+def gather_single(tensor: torch.Tensor, gather_tensor: torch.Tensor | None = None, dst: int | None = None,
+                  group: Any = None, async_op: bool = False, group_dst: int | None = None) -> Any:
+    """torch 2.14's gather into one tensor on ``dst``: ``gather_tensor`` (the destination's
+    only) holds every rank's ``tensor`` in rank order, contiguous, as a flat concatenation or
+    a stack; the other ranks pass None."""
+    check_tensor(tensor, "tensor")
+    pg = group_or_warn(group, "gather_single")
+    if pg is None:
+        return None
+    root = group_rank(pg, dst, group_dst, "dst")
+    if pg.rank() == root:
+        if gather_tensor is None:
+            raise ValueError("gather_tensor must be specified on the destination rank")
+        check_tensor(gather_tensor, "gather_tensor")
+        ensure_same_dtype(tensor, gather_tensor)
+        out = as_real(gather_tensor)
+    else:
+        out = tensor.new_empty(0)  # unused off the root, as in torch
+    return invoke(pg, "gather_single", out, as_real(tensor), GatherOptions(rootRank=root), async_op=async_op)
+
+
+@deprecated("`pyc10d.gather_into_tensor` is deprecated. Please use `pyc10d.gather_single` instead.",
+            category=FutureWarning)
+def gather_into_tensor(tensor: torch.Tensor, gather_tensor: torch.Tensor | None = None, dst: int | None = None,
+                       group: Any = None, async_op: bool = False, group_dst: int | None = None) -> Any:
+    """torch 2.14's deprecated name of ``gather_single``."""
+    return gather_single(tensor, gather_tensor, dst, group, async_op, group_dst)
 
 
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int | None = None,

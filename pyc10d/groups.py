@@ -25,7 +25,7 @@ __all__ = [
     "_get_default_store", "_rank_not_in_group", "_get_group_tag", "_find_pg_by_ranks_and_tag",
     "_find_or_create_pg_by_ranks_and_tag", "is_available", "is_gloo_available",
     "is_nccl_available", "is_mpi_available", "is_torchelastic_launched", "get_pg_count",
-    "get_node_local_rank", "is_xccl_available", "split_group", "get_backend_config", "is_backend_available",
+    "get_node_local_rank", "is_xccl_available", "split_group", "get_backend_config", "get_backend_impl", "set_timeout", "is_backend_available",
     "get_default_backend_for_device",
 ]
 
@@ -435,6 +435,29 @@ def get_backend(group: Any = None) -> str:
     if _rank_not_in_group(pg):
         raise ValueError("Invalid process group specified")
     return world.pg_backend.get(pg, world.backend_name or "undefined")
+
+
+def get_backend_impl(group: Any = None, device: Any = None) -> Any:
+    """The engine under ``group`` (a group, its name, or None for the default group): what
+    moves its bytes, for backend-specific calls. One engine serves every device."""
+    if isinstance(group, str):
+        named = [pg for pg, name in current_world().pg_names.items() if name == group]
+        if not named:
+            raise ValueError(f"get_backend_impl: no process group is named {group!r}")
+        group = named[0]
+    pg = _resolve(group)
+    if _rank_not_in_group(pg):
+        raise ValueError("Invalid process group specified")
+    return pg.get_backend(torch.device("cpu") if device is None else device)
+
+
+def set_timeout(timeout: timedelta, group: Any = None) -> None:
+    """The timeout of ``group``'s operations issued from now on (default group: None), as
+    ``init_process_group``'s ``timeout`` set it at the start."""
+    pg = _resolve(group)
+    if _rank_not_in_group(pg):
+        raise ValueError("Invalid process group specified")
+    pg.set_timeout(_as_timeout(timeout))
 
 
 def get_process_group_ranks(group: Any) -> list[int]:

@@ -145,6 +145,10 @@ class ProcessGroup:
     def _get_backend(self, device: Any = None) -> Any:
         return self._engine
 
+    def get_backend(self, device: Any) -> Any:
+        """The engine that serves ``device`` (torch 2.14's name): the one engine, for any."""
+        return self._engine
+
     def _get_backend_name(self) -> str:
         return self._backend_name
 

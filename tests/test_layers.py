@@ -21,7 +21,8 @@ ROOT = Path(pyc10d.__file__).parent
 #: name under ``pyc10d`` (a top-level module or a subpackage).
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaves", {"errors", "types", "env", "settings", "hostport", "launch_env", "world", "timeline",
-                "threads", "constants", "auth", "tls", "admission", "keepalive"}),
+                "threads", "constants", "auth", "tls", "admission", "keepalive",
+                "torch_version"}),
     ("store", {"store"}),
     ("transport", {"transport"}),
     ("algorithms", {"algorithms"}),

@@ -29,6 +29,7 @@ ABSENT = {
     "breakpoint", "record_comm",  # pdb on one rank; profiler titles of NCCL/Gloo works
     "GroupName", "RankType",  # type aliases
     "log", "timedelta",  # names torch.distributed imports for itself
+    "ProcessGroupNCCL", "ProcessGroupNCCL2", "ProcessGroupNCCLLazy",  # a CUDA build's NCCL classes
 }
 
 

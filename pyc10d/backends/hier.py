@@ -103,6 +103,13 @@ class HierBackend(Engine):
         self._host = layout.host_of(rank)
         self._leader = layout.local_index(rank) == 0
 
+    def _set_default_timeout(self, timeout: timedelta) -> None:
+        """The group's timeout and its levels': a level on its lean lane runs under its own."""
+        super()._set_default_timeout(timeout)
+        for level in (self.local, self.cross):
+            if level is not None:
+                level._set_default_timeout(timeout)
+
     # -- running a level ------------------------------------------------------------------
     @staticmethod
     def _opts(comm: algo.Comm, cls: type, **kw: Any) -> Any:

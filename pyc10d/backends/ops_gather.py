@@ -193,6 +193,25 @@ class GatherOps(EngineCore):
 
         return self._submit("gather", run, value, opts, _sync, root=root_rank)
 
+    def gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: GatherOptions | None = None,
+                      _sync: bool = False) -> Work:
+        """torch 2.14's gather into one tensor (``dist.gather_single``): on the root, ``output``
+        holds the ranks' inputs one after the other, contiguous (any shape of that many
+        elements); elsewhere it is not used. A gather into views of it: the same wire."""
+        opts = opts if opts is not None else GatherOptions()
+        outs: list[list[torch.Tensor]] = []
+        if self._rank == opts.rootRank:
+            check_tensor("gather_single", output, "gather_tensor")
+            if output.dtype != input.dtype:
+                ck.fail("gather_single", f"gather_tensor is {output.dtype}, the input {input.dtype}")
+            if output.numel() != input.numel() * self._size:
+                ck.fail("gather_single", f"gather_tensor has {output.numel()} elements, not world_size "
+                                         f"({self._size}) x the input's {input.numel()}")
+            if not output.is_contiguous():
+                ck.fail("gather_single", "gather_tensor must be contiguous")
+            outs = [list(output.view(self._size, *input.shape).unbind(0))]
+        return self.gather(outs, [input], opts, _sync=_sync)
+
     def scatter(self, output_tensors: Any, input_tensors: Any, opts: ScatterOptions | None = None, root: int | None = None, _sync: bool = False) -> Work:
         opts = opts if opts is not None else ScatterOptions()
         root_rank = opts.rootRank if root is None else root

@@ -325,6 +325,11 @@ class TorchProcessGroup(tdist.ProcessGroup):
         o = opt.gather(opts)
         return TorchWork(self._engine.gather(output_tensors, input_tensors, o, _sync=opt.is_sync(opts)))
 
+    def gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> TorchWork:
+        """torch 2.14's ``dist.gather_single`` (Gloo has none): a gather into one tensor."""
+        o = opt.gather(opts)
+        return TorchWork(self._engine.gather_single(output, input, o, _sync=opt.is_sync(opts)))
+
     def scatter(self, output_tensors: Any, input_tensors: Any, opts: Any = None) -> TorchWork:
         o = opt.scatter(opts)
         return TorchWork(self._engine.scatter(output_tensors, input_tensors, o, _sync=opt.is_sync(opts)))
@@ -356,6 +361,28 @@ class TorchProcessGroup(tdist.ProcessGroup):
         (``shrink.py``: a Python group has no C++ backend to answer)."""
         return backend_for(self, device)
 
+    def get_backend(self, device: Any) -> Any:
+        """torch 2.14's name of ``_get_backend`` (``dist.get_backend_impl`` asks it)."""
+        return backend_for(self, device)
+
+    # -- what pyc10d does not offer through torch yet -------------------------------------
+    @property
+    def supports_window(self) -> bool:
+        return False
+
+    def new_window(self, tensor: torch.Tensor | None = None) -> Any:
+        raise RuntimeError(f"Backend {self._backend_label} does not support new_window")
+
+    @property
+    def supports_reconfigure(self) -> bool:
+        return False
+
+    def get_reconfigure_handle(self) -> str:
+        raise RuntimeError(f"Backend {self._backend_label} does not support reconfigure")
+
+    def reconfigure(self, opts: Any) -> Any:
+        raise RuntimeError(f"Backend {self._backend_label} does not support reconfigure")
+
     # -- lifetime ---------------------------------------------------------------------------
     def shutdown(self) -> None:
         self._engine.shutdown()
@@ -371,8 +398,10 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
 
 class ShrinkableBackend:
-    """What torch's ``shrink_group`` talks to for a plugin group: the flags torch reads on
-    a device backend (only shrinking is offered), and ``shrink``."""
+    """What torch sees as a plugin group's device backend (``pg._get_backend(cpu)``, 2.14's
+    ``dist.get_backend_impl``): the flags torch reads on one (only shrinking is offered),
+    ``shrink`` for ``shrink_group``, and the pyc10d engine's own methods (``failure``,
+    ``monitored_barrier``, ...) for backend-specific calls."""
 
     supports_shrinking = True
     supports_splitting = False
@@ -393,6 +422,11 @@ class ShrinkableBackend:
 
     def name(self) -> str:
         return self._pg.getBackendName()
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_pg":  # (not set yet: no engine to ask)
+            raise AttributeError(name)
+        return getattr(self._pg.engine, name)
 
     def shrink(self, ranks_to_exclude: list[int], shrink_flags: int = 0, opts_override: Any = None) -> TorchProcessGroup:
         engine = self._pg.engine.shrink(list(ranks_to_exclude), shrink_flags, opts_override)

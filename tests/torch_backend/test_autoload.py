@@ -9,6 +9,7 @@ normal install into a new virtualenv, under torch's own torchrun, and switched o
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ import torch.distributed as tdist
 
 import _pyc10d_autoload
 import pyc10d.torch_backend as tb
+from pyc10d.torch_version import AT_LEAST_2_14
 
 pytestmark = pytest.mark.interpreters
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,6 +93,25 @@ def test_torchrun_runs_a_script_that_never_names_pyc10d(tmp_path: Path) -> None:
     assert "rank 0 TorchProcessGroup" in out.stdout and "rank 1 TorchProcessGroup" in out.stdout, out.stdout
 
 
+@pytest.mark.timeout(90)
+def test_with_autoload_off_torch_2_14_finds_pyc10d_by_its_entry_point(tmp_path: Path) -> None:
+    """torch 2.14 loads the ``torch.distributed.backends`` entry point named like the backend
+    that ``init_process_group`` meets; torch 2.13 has no such discovery: there the script
+    fails, saying the backend is unknown."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)],
+        capture_output=True, text=True, timeout=80, cwd=tmp_path,
+        env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+    )
+    if AT_LEAST_2_14:
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "rank 0 TorchProcessGroup" in out.stdout and "rank 1 TorchProcessGroup" in out.stdout, out.stdout
+    else:
+        assert out.returncode != 0 and "PYC10D" in out.stderr.upper(), out.stdout + out.stderr
+
+
 @pytest.mark.timeout(120)
 def test_a_normal_install_in_a_fresh_venv(tmp_path: Path) -> None:
     """A wheel of this tree, ``pip install``ed (not editable) into a new virtualenv; torch
@@ -111,6 +132,12 @@ def test_a_normal_install_in_a_fresh_venv(tmp_path: Path) -> None:
                             "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=100)
     assert wheel.returncode == 0, wheel.stdout + wheel.stderr
     (built,) = (tmp_path / "dist").glob("pyc10d-*.whl")
+    # Into this venv, dependencies and all: the torch here (2.13 or 2.14) satisfies the wheel,
+    # so pip would install pyc10d alone and change no torch package.
+    plan = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "-q", "--report", "-",
+                           str(built)], capture_output=True, text=True, timeout=100)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert [i["metadata"]["name"] for i in json.loads(plan.stdout)["install"]] == ["pyc10d"], plan.stdout
     pip = subprocess.run([sys.executable, "-m", "pip", "--python", py, "install", "-q", "--no-deps", "--no-index", str(built)],
                          capture_output=True, text=True, timeout=100)
     assert pip.returncode == 0, pip.stdout + pip.stderr
