@@ -89,6 +89,7 @@ from .object_collectives import (
 )
 from .p2p import P2POp, batch_isend_irecv, irecv, isend, recv, send
 from .process_group import Backend, ProcessGroup, ProcessGroupGloo, _round_robin_process_groups
+from .reconfigure import _get_reconfigure_handle, _reconfigure, _supports_reconfigure
 from .rendezvous import register_rendezvous_handler
 from .shrink import shrink_group
 from .store import FileStore, HashStore, PrefixStore, Store, TCPStore
@@ -132,5 +133,5 @@ __all__ = [
     "get_default_backend_for_device", "is_backend_available", "split_group", "send_object_list",
     "recv_object_list", "register_rendezvous_handler", "QueueEmptyError", "BuiltinCommHookType",
     "is_xccl_available", "shrink_group", "gather_single", "gather_into_tensor", "get_backend_impl",
-    "set_timeout",
+    "set_timeout", "_get_reconfigure_handle", "_reconfigure", "_supports_reconfigure",
 ]

@@ -137,10 +137,13 @@ def init_process_group(
     group_name: str = "",
     pg_options: Any = None,
     device_id: Any = None,
+    enable_reconfigure: bool = False,
 ) -> None:
     """Create the default group: rendezvous, then connect every rank (``backend`` tcp/gloo/...).
 
     With ``backend="threaded"`` the calling thread is one rank and gets its own World.
+    ``enable_reconfigure`` (torch 2.14's) is accepted: every pyc10d group can be re-formed
+    (``reconfigure.py``), and, unlike Gloo's, is usable before its first reconfigure.
     """
     world = ensure_thread_world() if Backend.resolve(backend) == Backend.THREADED else current_world()
     if world.default_pg is not None:
@@ -168,6 +171,8 @@ def init_process_group(
         rank, world_size, engine=engine, group_name=name, backend_name=backend_name
     )
     pg.set_group_store(group_store)
+    if isinstance(pg, ProcessGroup):
+        pg.requested_backend = str(backend).lower() if backend else "auto"
     world.default_pg = pg
     world.default_store = store
     _watch(engine, store)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .backends import Options
+from .backends import reconfigure as reconf
 from .backends.fake import FakeBackend
 from .backends.hier import create_auto, create_hier
 from .backends.lane import LaneOps
@@ -25,6 +26,7 @@ from .backends.options import DeviceSpec, create_device
 from .backends.shm import ShmBackend
 from .backends.tcp import TCPBackend
 from .backends.threaded import ThreadedBackend
+from .backends.work import CompletedWork, Work
 from .store.base import Store
 from .types import DEFAULT_TIMEOUT
 
@@ -122,6 +124,9 @@ class ProcessGroup:
         self._backend_name = backend_name
         self.bound_device_id = None
         self._store: Store | None = None  # the group's store (PrefixStore), set by its maker
+        # What ``reconfigure`` builds the next engine as: the name asked for ("auto" stays auto).
+        self.requested_backend = backend_name
+        self._handle: str | None = None
         if engine is not None:  # a group nobody holds any more shuts down (``release_on_drop``)
             release_on_drop(self, engine)
 
@@ -199,6 +204,29 @@ class ProcessGroup:
 
     def abort(self) -> None:
         self._engine.abort()
+
+    # -- reconfigure (torch 2.14's dist._reconfigure; ``reconfigure.py``) --------------------
+    supports_reconfigure = True
+
+    def get_reconfigure_handle(self) -> str:
+        """This process's handle, the same until the group is re-formed."""
+        if self._handle is None:
+            self._handle = reconf.new_handle(self._store)
+        return self._handle
+
+    def reconfigure(self, opts: Any) -> Work:
+        """Re-form the group in place with the peers of ``opts.handles`` (a list: ranks by
+        position; a set: sorted), meeting under ``opts.uuid``; the old engine is aborted."""
+        old = self._engine
+        timeout = reconf.timeout_of(opts, old.options.timeout)
+        engine, rank, size, store = reconf.build(make_engine, self.requested_backend, opts.handles,
+                                                 self.get_reconfigure_handle(), opts.uuid, timeout, self._group_name)
+        self._engine, self._lane = engine, engine if isinstance(engine, LaneOps) else None
+        self._rank, self._size, self.global_ranks = rank, size, list(range(size))
+        self._store, self._handle = store, None
+        release_on_drop(self, engine)
+        old.abort()  # its peers may be dead: nothing is waited for
+        return CompletedWork("reconfigure", [])
 
     def __getattr__(self, name: str) -> Any:
         engine = self.__dict__.get("_engine")

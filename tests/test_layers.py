@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("transport", {"transport"}),
     ("algorithms", {"algorithms"}),
     ("backends", {"backends"}),
-    ("process group", {"process_group", "groups", "rendezvous", "shrink"}),
+    ("process group", {"process_group", "groups", "rendezvous", "shrink", "reconfigure"}),
     ("public API", {"_preamble", "collectives", "p2p", "object_collectives", "distributed_c10d",
                     "device_mesh"}),
     ("on top", {"functional", "nn", "symmetric_memory", "torch_backend", "integrations"}),

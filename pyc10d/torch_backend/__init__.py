@@ -24,13 +24,12 @@ from typing import Any
 
 import torch.distributed as tdist
 
+from ..backends import reconfigure as reconf
+from ..hostport import format_hostport, split_hostport
 from ..process_group import make_engine
 from ..store.base import Store, resolve_timeout, store_chain, wait_timeout_error
-from .group import TorchProcessGroup, TorchWork
+from .group import BACKENDS, TorchProcessGroup, TorchWork
 from .shrink import install as install_shrink
-
-#: torch backend name -> pyc10d engine name.
-BACKENDS: dict[str, str] = {"pyc10d": "auto", "pyc10d_shm": "shm", "pyc10d_tcp": "tcp"}
 
 
 class TorchStoreAdapter(Store):
@@ -61,6 +60,16 @@ class TorchStoreAdapter(Store):
     def shared_file(self) -> bool:
         """Whether a torch ``FileStore`` is under the prefixes (see ``store.file.FileStore``)."""
         return any(isinstance(s, tdist.FileStore) for s in self._chain())
+
+    def reconfigure_spec(self) -> str:
+        """How another process reaches the torch store under the prefixes, for a reconfigure
+        handle (``backends/reconfigure.py``): its ``TCPStore`` or ``FileStore``, else ""."""
+        for s in self._chain():
+            if isinstance(s, tdist.TCPStore):
+                return f"torch-tcp:{format_hostport(s.host, s.port)}"
+            if isinstance(s, tdist.FileStore):
+                return f"torch-file:{s.path}"
+        return ""
 
     def set(self, key: str, value: str | bytes) -> None:
         self.torch_store.set(key, value)
@@ -109,7 +118,7 @@ def _creator(backend_name: str) -> Any:
         rank, size = dist_opts.group_rank, dist_opts.group_size
         name = str(dist_opts.group_id) or backend_name
         engine = make_engine(BACKENDS[backend_name], store, rank, size, timeout, name)
-        return TorchProcessGroup(engine, rank, size, backend_name)
+        return TorchProcessGroup(engine, rank, size, backend_name, store)
 
     create.__name__ = f"create_{backend_name}"
     return create
@@ -122,6 +131,13 @@ def register() -> None:
             tdist.Backend.register_backend(name, _creator(name), extended_api=True, devices=["cpu"])
 
 
+def _open_torch_tcp(where: str, timeout: timedelta) -> TorchStoreAdapter:
+    host, port = split_hostport(where)
+    return TorchStoreAdapter(tdist.TCPStore(host, port, is_master=False, timeout=timeout), timeout)
+
+
+reconf.OPENERS["torch-tcp"] = _open_torch_tcp
+reconf.OPENERS["torch-file"] = lambda path, timeout: TorchStoreAdapter(tdist.FileStore(path), timeout)
 register()
 install_shrink()
 

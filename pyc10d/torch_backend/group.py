@@ -29,9 +29,11 @@ from torch._C._distributed_c10d import BroadcastOptions as _BroadcastOptions
 from torch._C._distributed_c10d import ReduceScatterOptions as _ReduceScatterOptions
 from torch._C._distributed_c10d import Work as _TorchWorkBase
 
+from ..backends import reconfigure as reconf
 from ..backends.lane import LaneOps
 from ..backends.lifetime import release_on_drop
 from ..backends.work import CompletedWork, Work
+from ..process_group import make_engine
 from . import options as opt
 from .errors import to_torch, torch_future, translating
 
@@ -151,9 +153,12 @@ def _translating_methods(cls: type) -> type:
     return cls
 
 
+#: torch backend name -> the pyc10d engine it builds.
+BACKENDS: dict[str, str] = {"pyc10d": "auto", "pyc10d_shm": "shm", "pyc10d_tcp": "tcp"}
+
 #: Methods that answer questions and never fail: left unwrapped.
 _IDENTITY = frozenset({"getBackendName", "name", "getGroupName", "setGroupName", "getGroupDesc",
-                       "setGroupDesc", "engine"})
+                       "setGroupDesc", "engine", "rank", "size", "getRank", "getSize"})
 
 
 @_translating_methods
@@ -161,8 +166,11 @@ class TorchProcessGroup(tdist.ProcessGroup):
     """A torch process group whose collectives run on a pyc10d engine (shm or tcp); its
     failures are torch's types (``errors``)."""
 
-    def __init__(self, engine: Any, rank: int, size: int, backend_name: str) -> None:
+    def __init__(self, engine: Any, rank: int, size: int, backend_name: str, store: Any = None) -> None:
         super().__init__(rank, size)
+        self._rank, self._size = rank, size  # (``reconfigure`` changes them)
+        self.meeting_store = store  # what the group met through: a reconfigure handle names it
+        self._handle: str | None = None
         self._engine = engine
         # The engine when it has the lean lane's entries (``backends.lane``): a synchronous
         # call it serves runs there, and its Work is made finished.
@@ -373,15 +381,37 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def new_window(self, tensor: torch.Tensor | None = None) -> Any:
         raise RuntimeError(f"Backend {self._backend_label} does not support new_window")
 
+    # -- reconfigure (torch 2.14's dist._reconfigure; ``backends/reconfigure.py``) -------------
     @property
     def supports_reconfigure(self) -> bool:
-        return False
+        return True
 
     def get_reconfigure_handle(self) -> str:
-        raise RuntimeError(f"Backend {self._backend_label} does not support reconfigure")
+        if self._handle is None:
+            self._handle = reconf.new_handle(self.meeting_store)
+        return self._handle
 
-    def reconfigure(self, opts: Any) -> Any:
-        raise RuntimeError(f"Backend {self._backend_label} does not support reconfigure")
+    def reconfigure(self, opts: Any) -> TorchWork:
+        """Re-form the group in place (a list of handles: ranks by position; a set: sorted);
+        the old engine is aborted (its peers may be dead)."""
+        old = self._engine
+        engine, rank, size, store = reconf.build(
+            make_engine, BACKENDS[self._backend_label], opts.handles, self.get_reconfigure_handle(),
+            opts.uuid, reconf.timeout_of(opts, old.options.timeout), self._group_name)
+        self._engine, self._lane = engine, engine if isinstance(engine, LaneOps) else None
+        self._done = _LaneWork() if self._lane is not None else None
+        self._rank, self._size, self.meeting_store, self._handle = rank, size, store, None
+        release_on_drop(self, engine)
+        old.abort()
+        return TorchWork(CompletedWork("reconfigure", []))
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    getRank, getSize = rank, size
 
     # -- lifetime ---------------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -430,7 +460,8 @@ class ShrinkableBackend:
 
     def shrink(self, ranks_to_exclude: list[int], shrink_flags: int = 0, opts_override: Any = None) -> TorchProcessGroup:
         engine = self._pg.engine.shrink(list(ranks_to_exclude), shrink_flags, opts_override)
-        return TorchProcessGroup(engine, engine.rank(), engine.size(), self._pg.getBackendName())
+        return TorchProcessGroup(engine, engine.rank(), engine.size(), self._pg.getBackendName(),
+                                 self._pg.meeting_store)
 
 
 def backend_for(pg: TorchProcessGroup, device: Any) -> ShrinkableBackend:
