@@ -106,11 +106,13 @@ def invoke(pg: Any, method: str, *args: Any, async_op: bool = False, **kwargs: A
     return None
 
 
+_REAL_OF = {torch.complex64: torch.float32, torch.complex128: torch.float64, torch.complex32: torch.float16,
+            getattr(torch, "bcomplex32", torch.complex32): torch.bfloat16 if hasattr(torch, "bcomplex32")
+            else torch.float16}  # (bcomplex32: torch 2.14's)
+
+
 def _real_pair(a: torch.dtype, b: torch.dtype) -> bool:
-    pairs = {
-        torch.complex64: torch.float32, torch.complex128: torch.float64, torch.complex32: torch.float16,
-    }
-    return pairs.get(a) == b or pairs.get(b) == a
+    return _REAL_OF.get(a) == b or _REAL_OF.get(b) == a
 
 
 def ensure_same_dtype(*tensors: Any) -> None:

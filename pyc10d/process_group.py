@@ -244,7 +244,9 @@ class ProcessGroupGloo(ProcessGroup):
     _Options = Options
     _counter = itertools.count()
 
-    def __init__(self, store: Store, rank: int, size: int, options: Options | timedelta | None = None) -> None:
+    def __init__(self, store: Store, rank: int, size: int, options: Options | timedelta | None = None,
+                 enable_reconfigure: bool = False) -> None:
+        """(``enable_reconfigure``: torch 2.14's; every pyc10d group can be re-formed.)"""
         if isinstance(options, timedelta) or options is None:
             options = Options(options if options is not None else DEFAULT_TIMEOUT)
         name = f"gloo_pg_{next(ProcessGroupGloo._counter)}"

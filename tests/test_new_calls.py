@@ -167,5 +167,5 @@ def _deprecated_name(rank: int, ws: int) -> list[str]:
 
 
 def test_gather_into_tensor_is_the_deprecated_name() -> None:
-    for messages in run_ranks("threaded", 2, _deprecated_name, timeout=40):
+    for messages in run_ranks("tcp", 2, _deprecated_name, timeout=40):
         assert messages == ["`pyc10d.gather_into_tensor` is deprecated. Please use `pyc10d.gather_single` instead."]

@@ -38,6 +38,8 @@ def _dtypes(*names: str) -> tuple[torch.dtype, ...]:
 FLOAT = _dtypes("float16", "bfloat16", "float32", "float64")
 FLOAT8 = _dtypes("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
 COMPLEX = _dtypes("complex64", "complex128")
+#: Complex of 16-bit halves: complex32, and bcomplex32 (bfloat16's; torch 2.14 has it).
+HALF_COMPLEX = _dtypes("complex32", "bcomplex32")
 INT = _dtypes("int8", "int16", "int32", "int64", "uint8")
 UINT_WIDE = _dtypes("uint16", "uint32", "uint64")
 #: Every dtype torch has, by name (``torch.float`` and its other aliases once).
@@ -117,7 +119,7 @@ def support(dtype: torch.dtype, op: RedOpType) -> Widen | None | bool:
         return Widen(torch.float32) if op in _ARITH else False
     if dtype in COMPLEX:
         return None if op in _COMPLEX_OPS else False
-    if dtype == torch.complex32:  # CPU kernels lack most of it: reduce as complex64
+    if dtype in HALF_COMPLEX:  # CPU kernels lack most of it: reduce as complex64
         return Widen(torch.complex64) if op in _COMPLEX_OPS else False
     if dtype in INT:
         return None if op in _INTEGRAL else False
@@ -212,7 +214,7 @@ GLOO: dict[str, frozenset[RedOpType]] = {
     "float16/bfloat16/float32/float64": frozenset((_R.SUM, _R.AVG, _R.PRODUCT, _R.MIN, _R.MAX)),
     "float8 (e4m3fn, e5m2, ...)": frozenset(),
     "complex64/complex128": frozenset((_R.SUM, _R.AVG)),
-    "complex32": frozenset((_R.SUM,)),
+    "complex32 (bcomplex32: torch 2.14)": frozenset((_R.SUM,)),
     "int8/int32/int64/uint8": frozenset(_INTEGRAL),
     "int16": frozenset(),
     "uint16/uint32/uint64": frozenset(),
@@ -225,19 +227,20 @@ ROWS: dict[str, tuple[torch.dtype, ...]] = {
     "float16/bfloat16/float32/float64": FLOAT,
     "float8 (e4m3fn, e5m2, ...)": FLOAT8,
     "complex64/complex128": COMPLEX,
-    "complex32": _dtypes("complex32"),
+    "complex32 (bcomplex32: torch 2.14)": HALF_COMPLEX,
     "int8/int32/int64/uint8": _dtypes("int8", "int32", "int64", "uint8"),
     "int16": _dtypes("int16"),
     "uint16/uint32/uint64": UINT_WIDE,
     "bool": (torch.bool,),
     "bits8/bits16/bits1x8/.../float4_e2m1fn_x2": tuple(sorted(
         (d for d in MOVABLE if d not in FLOAT + FLOAT8 + COMPLEX + INT + UINT_WIDE
-         and d not in (torch.bool, torch.complex32)), key=str)),
+         and d not in (torch.bool, *HALF_COMPLEX)), key=str)),
     "int1-int7/uint1-uint7 (sub-byte shells)": tuple(sorted(
         (d for d in UNMOVABLE if not str(d).startswith(("torch.qint", "torch.quint"))), key=str)),
 }
 #: The rows whose dtypes Gloo moves at all (broadcast, all_gather, ...; measured as ``GLOO``).
-GLOO_MOVES = frozenset(("float16/bfloat16/float32/float64", "complex64/complex128", "complex32",
+GLOO_MOVES = frozenset(("float16/bfloat16/float32/float64", "complex64/complex128",
+                        "complex32 (bcomplex32: torch 2.14)",
                         "int8/int32/int64/uint8", "bool"))
 
 

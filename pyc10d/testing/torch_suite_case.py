@@ -66,7 +66,9 @@ class GlooNamedGroup(TorchProcessGroup):
     _Options = _REAL_GLOO._Options
     Options = _REAL_GLOO._Options
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta = timedelta(minutes=30)) -> None:
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta = timedelta(minutes=30),
+                 enable_reconfigure: bool = False) -> None:
+        """(``enable_reconfigure``: torch 2.14 passes it; every pyc10d group can be re-formed.)"""
         engine = make_engine(self.engine_name, TorchStoreAdapter(store, timeout), rank, size, timeout,
                              f"gloo-as-{self.engine_name}")
         super().__init__(engine, rank, size, f"pyc10d_{self.engine_name}")

@@ -373,6 +373,12 @@ class TorchProcessGroup(tdist.ProcessGroup):
         """torch 2.14's name of ``_get_backend`` (``dist.get_backend_impl`` asks it)."""
         return backend_for(self, device)
 
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The devices the group serves, as torch's registry of device backends would list
+        them: torch 2.14's ``monitored_barrier`` requires the CPU there."""
+        return [torch.device("cpu")]
+
     # -- what pyc10d does not offer through torch yet -------------------------------------
     @property
     def supports_window(self) -> bool:
