@@ -29,6 +29,7 @@ import json
 import subprocess
 import sys
 import time
+import types
 import unittest
 from collections.abc import Callable
 from datetime import timedelta
@@ -44,6 +45,8 @@ from torchft.manager import Manager as _Manager
 from torchft.process_group import ProcessGroup, ProcessGroupBabyGloo, ProcessGroupGloo
 
 from ..integrations.torchft import ProcessGroupPyc10d
+from ..torch_backend.native import TorchBackend
+from ..torch_version import AT_LEAST_2_14
 from . import reruns
 from .torch_suite import Recorder
 
@@ -104,6 +107,17 @@ def _any_port_manager(*args: Any, **kwargs: Any) -> Any:
     return _Manager(*args, **kwargs)
 
 
+class _TorchDistributedWith(types.ModuleType):
+    """``torch.distributed`` as one module sees it, with some names replaced."""
+
+    def __init__(self, **replaced: Any) -> None:
+        super().__init__("torch.distributed")
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.distributed, name)
+
+
 def manager_case(group: str) -> type[unittest.TestCase]:
     """torchft's ``ManagerIntegTest`` with ``group``'s class in place of ProcessGroupGloo.
 
@@ -128,7 +142,17 @@ def manager_case(group: str) -> type[unittest.TestCase]:
                     super().__init__(*args, **kwargs)
                     inits.append(torch.cat([p.detach().flatten() for p in self.parameters()]))
 
-            for name, value in (("ProcessGroupGloo", make), ("Manager", _any_port_manager), ("MyModel", Recorded)):
+            patches: list[tuple[str, Any]] = [("ProcessGroupGloo", make), ("Manager", _any_port_manager),
+                                              ("MyModel", Recorded)]
+            if group == "pyc10d" and AT_LEAST_2_14:
+                # torchft's native path builds torch's ProcessGroup with torch's Gloo backend in
+                # it (dist.ProcessGroupGloo): pyc10d's c10d Backend takes that place.
+                def native(*args: Any, **kwargs: Any) -> Any:
+                    built.append(TorchBackend(*args, **kwargs))
+                    return built[-1]
+
+                patches.append(("dist", _TorchDistributedWith(ProcessGroupGloo=native)))
+            for name, value in patches:
                 patcher = mock.patch.object(_mit, name, value)
                 patcher.start()
                 self.addCleanup(patcher.stop)
