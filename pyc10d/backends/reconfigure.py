@@ -15,8 +15,9 @@ A handle reads ``pyc10d:<token>:<store>``: ``token`` tells this process's group 
 every other (fresh after each reconfigure), ``store`` says how to reach the store its group
 met through (``tcp:host:port``, ``file:path``; the plugin's adds ``torch-tcp`` and
 ``torch-file``). The new group meets through the store of the first handle, under
-``pyc10d-reconfigure/<uuid>/``: the survivors' store (or a launcher's) when a survivor comes
-first; a fresh ``uuid`` keeps one re-forming from meeting another's keys. A handle whose
+``pyc10d-reconfigure/<uuid>/<handles>/``: the survivors' store (or a launcher's) when a survivor comes
+first; a fresh ``uuid`` keeps one re-forming from meeting another's keys, and the handles are
+in the prefix too (groups of other ranks re-formed under the same uuid never meet). A handle whose
 store no other process can reach (a ``HashStore``) re-forms a group of one only.
 
 Not a rendezvous of its own: what the peers exchange and when they call is the caller's, as
@@ -26,6 +27,7 @@ keys they waited for.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Collection
 from datetime import timedelta
@@ -103,7 +105,10 @@ def build(make: MakeEngine, kind: str, handles: Collection[str], mine: str, uuid
         if opener is None:
             raise ValueError(f"reconfigure: cannot open the store {spec!r} of the first handle here")
         store = opener(where, timeout)
-    meeting = PrefixStore(f"pyc10d-reconfigure/{uuid}/", store)
+    # Under the uuid and the handles: groups of other ranks re-formed with the same uuid (one per
+    # local rank under torchft) never meet each other's keys.
+    which = hashlib.sha1("\n".join(ordered).encode()).hexdigest()[:16]
+    meeting = PrefixStore(f"pyc10d-reconfigure/{uuid}/{which}/", store)
     return make(kind, meeting, rank, size, timeout, name), rank, size, meeting
 
 
