@@ -21,7 +21,7 @@ from .backends import reconfigure as reconf
 from .backends.fake import FakeBackend
 from .backends.hier import create_auto, create_hier
 from .backends.lane import LaneOps
-from .backends.lifetime import freeze_heap_once, release_on_drop
+from .backends.lifetime import abort_aside, freeze_heap_once, release_on_drop
 from .backends.options import DeviceSpec, create_device
 from .backends.shm import ShmBackend
 from .backends.tcp import TCPBackend
@@ -225,7 +225,7 @@ class ProcessGroup:
         self._rank, self._size, self.global_ranks = rank, size, list(range(size))
         self._store, self._handle = store, None
         release_on_drop(self, engine)
-        old.abort()  # its peers may be dead: nothing is waited for
+        abort_aside(old)  # its peers may be dead: nothing waits for them
         return CompletedWork("reconfigure", [])
 
     def __getattr__(self, name: str) -> Any:

@@ -134,6 +134,21 @@ def _release(engine: Any, pid: int) -> None:
         _shutdown_quietly(engine)
 
 
+def abort_aside(engine: Any) -> None:
+    """Abort ``engine`` on a pyc10d thread of its own: a group re-formed (``reconfigure``) has
+    a new engine already, and the old one's teardown (its threads joined, its arena unmapped)
+    need not hold up the new one's first call. The exit waits for it like any such thread."""
+    threads.start(_abort_quietly, "pyc10d-release", (engine,))
+
+
+def _abort_quietly(engine: Any) -> None:
+    try:
+        engine.abort()
+    except Exception as e:  # noqa: BLE001 - nobody waits for it to raise to
+        logging.getLogger("pyc10d").debug("pyc10d: aborting the re-formed group's old engine %r: %s",
+                                          getattr(engine, "group_name", "?"), e)
+
+
 def _shutdown_quietly(engine: Any) -> None:
     try:
         engine.shutdown()

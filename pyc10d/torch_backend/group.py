@@ -31,7 +31,7 @@ from torch._C._distributed_c10d import Work as _TorchWorkBase
 
 from ..backends import reconfigure as reconf
 from ..backends.lane import LaneOps
-from ..backends.lifetime import release_on_drop
+from ..backends.lifetime import abort_aside, release_on_drop
 from ..backends.work import CompletedWork, Work
 from ..process_group import make_engine
 from . import options as opt
@@ -408,7 +408,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
         self._done = _LaneWork() if self._lane is not None else None
         self._rank, self._size, self.meeting_store, self._handle = rank, size, store, None
         release_on_drop(self, engine)
-        old.abort()
+        abort_aside(old)  # its peers may be dead: nothing waits for them
         return TorchWork(CompletedWork("reconfigure", []))
 
     def rank(self) -> int:
