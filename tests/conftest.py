@@ -56,12 +56,19 @@ def pytest_configure(config: pytest.Config) -> None:
 RUN_LAST = ("tests/integrations/test_torchft.py", "tests/integrations/test_torchft_pg.py", "tests/sim/",
             "tests/seeds/test_functional_api.py", "tests/backends/test_threaded.py", "tests/algorithms/test_algorithms.py",
             "tests/algorithms/test_logarithmic.py", "tests/test_timeline.py", "tests/bench/test_bench_floor.py")
-#: Tests that compile through AOTAutograd in their worker's own process (rank threads), after
-#: every other: on torch 2.14 (its CUDA build, the one on the index) that starts autograd's
-#: device threads, and a process forked after it can never run a backward ("Unable to handle
-#: autograd's threading in combination with fork-based multiprocessing"), which every test
-#: that forks training ranks from the worker does. Seen in a make test-torch-next run: 41 such
-#: tests failed on the workers where one of these had run first.
+#: Tests that fork ranks (or a launcher) from their worker and run a backward there: they run
+#: first. On torch 2.14 (its CUDA build, the one on the index) autograd's device threads
+#: (``pt_autograd_*``) start in a process on the first of some calls (an AOTAutograd compile
+#: does it; so did something else in the worker, a probe of the threads after each test
+#: showed), and a process forked after that can never run a backward ("Unable to handle
+#: autograd's threading in combination with fork-based multiprocessing"). Seen in make
+#: test-torch-next runs: 41, then 21 of these failed on workers that had run such a test first.
+FORK_BACKWARD = ("tests/seeds/test_c10d_shm_ddp.py", "tests/seeds/test_c10d_tcp_ddp.py",
+                 "tests/nn/test_ddp_backends.py", "tests/test_chaos.py", "tests/torch_backend/test_torch_backend.py",
+                 "tests/torch_backend/test_torch_backend_failures.py", "tests/test_docs_examples.py",
+                 "tests/seeds/test_functional_api.py::TestCollectivesCpu", "tests/test_elastic.py")
+#: Tests that compile through AOTAutograd in their worker's own process (rank threads): after
+#: every other (see ``FORK_BACKWARD``).
 COMPILES_HERE = ("tests/seeds/test_functional_api.py::TestFunctionalAutograd",
                  "tests/functional/test_functional.py::TestTracingInPlace")
 
@@ -69,9 +76,10 @@ COMPILES_HERE = ("tests/seeds/test_functional_api.py::TestFunctionalAutograd",
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test function keeps a case outside ``full``: ``make test`` runs every test. Tests of
-    ``RUN_LAST`` go last, those of ``COMPILES_HERE`` after them (stable: the same order on
-    every worker, as pytest-xdist requires)."""
-    items.sort(key=lambda item: (item.nodeid.startswith(COMPILES_HERE), item.nodeid.startswith(RUN_LAST)))
+    ``FORK_BACKWARD`` go first, those of ``RUN_LAST`` last, those of ``COMPILES_HERE`` after
+    them (stable: the same order on every worker, as pytest-xdist requires)."""
+    items.sort(key=lambda item: (not item.nodeid.startswith(FORK_BACKWARD), item.nodeid.startswith(COMPILES_HERE),
+                                 item.nodeid.startswith(RUN_LAST)))
     if [str(a).rstrip("/") for a in config.args] != ["tests"]:
         return  # a chosen file or case: not the whole suite
     cases: dict[str, list[bool]] = {}
