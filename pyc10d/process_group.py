@@ -220,7 +220,8 @@ class ProcessGroup:
         old = self._engine
         timeout = reconf.timeout_of(opts, old.options.timeout)
         engine, rank, size, store = reconf.build(make_engine, self.requested_backend, opts.handles,
-                                                 self.get_reconfigure_handle(), opts.uuid, timeout, self._group_name)
+                                                 self.get_reconfigure_handle(), opts.uuid, timeout, self._group_name,
+                                                 self._store)
         self._engine, self._lane = engine, engine if isinstance(engine, LaneOps) else None
         self._rank, self._size, self.global_ranks = rank, size, list(range(size))
         self._store, self._handle = store, None

@@ -49,18 +49,23 @@ OPENERS: dict[str, Callable[[str, timedelta], Store]] = {
 MakeEngine = Callable[[str, Store, int, int, timedelta, str], Any]
 
 
-def store_spec(store: Store | None) -> str:
-    """How another process reaches ``store`` (the first store under its prefixes that can be
-    named), or "" when none can."""
+def _named(store: Store | None) -> tuple[str, Store | None]:
+    """The first store under ``store``'s prefixes that another process can reach, and how it
+    is named; ("", None) when none can."""
     for s in store_chain(store):
         if isinstance(s, TCPStore):
-            return f"tcp:{format_hostport(s.host, s.port)}"
+            return f"tcp:{format_hostport(s.host, s.port)}", s
         if isinstance(s, FileStore):
-            return f"file:{s.path}"
-        spec = getattr(s, "reconfigure_spec", None)
-        if spec is not None:
-            return spec()
-    return ""
+            return f"file:{s.path}", s
+        named = getattr(s, "reconfigure_named", None)
+        if named is not None:
+            return named()
+    return "", None
+
+
+def store_spec(store: Store | None) -> str:
+    """How another process reaches ``store``, or "" when none can."""
+    return _named(store)[0]
 
 
 def new_handle(store: Store | None) -> str:
@@ -87,15 +92,19 @@ def order(handles: Collection[str], mine: str) -> list[str]:
 
 
 def build(make: MakeEngine, kind: str, handles: Collection[str], mine: str, uuid: int, timeout: timedelta,
-          name: str) -> tuple[Any, int, int, Store]:
+          name: str, own: Store | None = None) -> tuple[Any, int, int, Store]:
     """The new engine of a group re-formed from ``handles`` (``order``'s rules) as backend
-    ``kind``, made by ``make``: it meets its peers through the first handle's store. Returns
-    (engine, rank, size, the store it met through: the group's from now on)."""
+    ``kind``, made by ``make``: it meets its peers through the first handle's store (``own``'s,
+    the group's present store, when it is that one: no new connection). Returns (engine, rank,
+    size, the store it met through: the group's from now on)."""
     ordered = order(handles, mine)
     rank, size = ordered.index(mine), len(ordered)
     spec = ordered[0].split(":", 2)[2]
-    if size == 1:
-        store: Store = HashStore()
+    own_spec, own_store = _named(own)
+    if own_store is not None and (own_spec == spec or size == 1):
+        store: Store = own_store
+    elif size == 1:
+        store = HashStore()
     elif not spec:
         raise ValueError("reconfigure: the first handle names no store other processes can reach "
                          "(its group met through a HashStore): put another process's handle first")

@@ -61,15 +61,16 @@ class TorchStoreAdapter(Store):
         """Whether a torch ``FileStore`` is under the prefixes (see ``store.file.FileStore``)."""
         return any(isinstance(s, tdist.FileStore) for s in self._chain())
 
-    def reconfigure_spec(self) -> str:
-        """How another process reaches the torch store under the prefixes, for a reconfigure
-        handle (``backends/reconfigure.py``): its ``TCPStore`` or ``FileStore``, else ""."""
+    def reconfigure_named(self) -> tuple[str, Store | None]:
+        """The torch store under the prefixes that another process can reach (its ``TCPStore``
+        or ``FileStore``), seen through an adapter, and how a reconfigure handle names it
+        (``backends/reconfigure.py``); ("", None) when there is none."""
         for s in self._chain():
             if isinstance(s, tdist.TCPStore):
-                return f"torch-tcp:{format_hostport(s.host, s.port)}"
+                return f"torch-tcp:{format_hostport(s.host, s.port)}", TorchStoreAdapter(s, self._timeout)
             if isinstance(s, tdist.FileStore):
-                return f"torch-file:{s.path}"
-        return ""
+                return f"torch-file:{s.path}", TorchStoreAdapter(s, self._timeout)
+        return "", None
 
     def set(self, key: str, value: str | bytes) -> None:
         self.torch_store.set(key, value)

@@ -403,7 +403,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
         old = self._engine
         engine, rank, size, store = reconf.build(
             make_engine, BACKENDS[self._backend_label], opts.handles, self.get_reconfigure_handle(),
-            opts.uuid, reconf.timeout_of(opts, old.options.timeout), self._group_name)
+            opts.uuid, reconf.timeout_of(opts, old.options.timeout), self._group_name, self.meeting_store)
         self._engine, self._lane = engine, engine if isinstance(engine, LaneOps) else None
         self._done = _LaneWork() if self._lane is not None else None
         self._rank, self._size, self.meeting_store, self._handle = rank, size, store, None

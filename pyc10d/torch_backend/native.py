@@ -101,7 +101,7 @@ class TorchBackend(_C10dBackend):
             return self.group.reconfigure(opts)
         engine, rank, size, store = reconf.build(
             make_engine, BACKENDS[self._label], ordered, mine, opts.uuid,
-            reconf.timeout_of(opts, self._timeout), f"{self._label}-native")
+            reconf.timeout_of(opts, self._timeout), f"{self._label}-native", self._store)
         self.group = TorchProcessGroup(engine, rank, size, self._label, store)
         return TorchWork(CompletedWork("reconfigure", []))
 
