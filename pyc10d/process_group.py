@@ -21,7 +21,7 @@ from .backends import reconfigure as reconf
 from .backends.fake import FakeBackend
 from .backends.hier import create_auto, create_hier
 from .backends.lane import LaneOps
-from .backends.lifetime import abort_aside, freeze_heap_once, release_on_drop
+from .backends.lifetime import freeze_heap_once, release_on_drop
 from .backends.options import DeviceSpec, create_device
 from .backends.shm import ShmBackend
 from .backends.tcp import TCPBackend
@@ -217,16 +217,11 @@ class ProcessGroup:
     def reconfigure(self, opts: Any) -> Work:
         """Re-form the group in place with the peers of ``opts.handles`` (a list: ranks by
         position; a set: sorted), meeting under ``opts.uuid``; the old engine is aborted."""
-        old = self._engine
-        timeout = reconf.timeout_of(opts, old.options.timeout)
-        engine, rank, size, store = reconf.build(make_engine, self.requested_backend, opts.handles,
-                                                 self.get_reconfigure_handle(), opts.uuid, timeout, self._group_name,
-                                                 self._store)
+        engine, rank, size, store = reconf.reform(self, self._engine, make_engine, self.requested_backend, opts,
+                                                  self.get_reconfigure_handle(), self._group_name, self._store)
         self._engine, self._lane = engine, engine if isinstance(engine, LaneOps) else None
         self._rank, self._size, self.global_ranks = rank, size, list(range(size))
         self._store, self._handle = store, None
-        release_on_drop(self, engine)
-        abort_aside(old)  # its peers may be dead: nothing waits for them
         return CompletedWork("reconfigure", [])
 
     def __getattr__(self, name: str) -> Any:

@@ -150,7 +150,7 @@ def _check(got: dict[str, Any]) -> None:
     assert tags["0"] == [("start", 0, 3), ("after kill", None, None), ("list", 1, 3), ("set", got["0"][3]["sorted_rank"], 3),
                          ("shrunk", 0, 2), ("grown", 0, 3)]
     assert tags["1"][2:] == [("list", 2, 3), ("set", got["1"][3]["sorted_rank"], 3), ("shrunk", 1, 2), ("grown", 1, 3)]
-    assert tags["new"] == [("list", 0, 3), ("set", got["new"][0 + 1]["sorted_rank"], 3), ("alone", 0, 1), ("grown", 2, 3)]
+    assert tags["new"] == [("list", 0, 3), ("set", got["new"][1]["sorted_rank"], 3), ("alone", 0, 1), ("grown", 2, 3)]
 
 
 @pytest.mark.parametrize("backend", ["tcp", "shm"])

@@ -36,6 +36,7 @@ from typing import Any
 from ..hostport import format_hostport, split_hostport
 from ..store import FileStore, HashStore, PrefixStore, Store, TCPStore
 from ..store.base import store_chain
+from .lifetime import abort_aside, release_on_drop
 
 PREFIX = "pyc10d"
 
@@ -119,6 +120,18 @@ def build(make: MakeEngine, kind: str, handles: Collection[str], mine: str, uuid
     which = hashlib.sha1("\n".join(ordered).encode()).hexdigest()[:16]
     meeting = PrefixStore(f"pyc10d-reconfigure/{uuid}/{which}/", store)
     return make(kind, meeting, rank, size, timeout, name), rank, size, meeting
+
+
+def reform(owner: object, old: Any, make: MakeEngine, kind: str, opts: Any, mine: str, name: str,
+           own: Store | None) -> tuple[Any, int, int, Store]:
+    """The new engine of ``owner``'s group (``opts``: torch's ``ReconfigureOptions`` or
+    pyc10d's), built by ``build``; ``old`` is retired: the new engine shuts down with ``owner``
+    (``release_on_drop``), the old one is aborted on a thread of its own (its peers may be
+    dead). The group classes swap their own fields."""
+    built = build(make, kind, opts.handles, mine, opts.uuid, timeout_of(opts, old.options.timeout), name, own)
+    release_on_drop(owner, built[0])
+    abort_aside(old)
+    return built
 
 
 def timeout_of(opts: Any, default: timedelta) -> timedelta:

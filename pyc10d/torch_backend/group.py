@@ -31,7 +31,7 @@ from torch._C._distributed_c10d import Work as _TorchWorkBase
 
 from ..backends import reconfigure as reconf
 from ..backends.lane import LaneOps
-from ..backends.lifetime import abort_aside, release_on_drop
+from ..backends.lifetime import release_on_drop
 from ..backends.work import CompletedWork, Work
 from ..process_group import make_engine
 from . import options as opt
@@ -400,15 +400,12 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def reconfigure(self, opts: Any) -> TorchWork:
         """Re-form the group in place (a list of handles: ranks by position; a set: sorted);
         the old engine is aborted (its peers may be dead)."""
-        old = self._engine
-        engine, rank, size, store = reconf.build(
-            make_engine, BACKENDS[self._backend_label], opts.handles, self.get_reconfigure_handle(),
-            opts.uuid, reconf.timeout_of(opts, old.options.timeout), self._group_name, self.meeting_store)
+        engine, rank, size, store = reconf.reform(
+            self, self._engine, make_engine, BACKENDS[self._backend_label], opts, self.get_reconfigure_handle(),
+            self._group_name, self.meeting_store)
         self._engine, self._lane = engine, engine if isinstance(engine, LaneOps) else None
         self._done = _LaneWork() if self._lane is not None else None
         self._rank, self._size, self.meeting_store, self._handle = rank, size, store, None
-        release_on_drop(self, engine)
-        abort_aside(old)  # its peers may be dead: nothing waits for them
         return TorchWork(CompletedWork("reconfigure", []))
 
     def rank(self) -> int:
