@@ -107,6 +107,7 @@ from .types import (
     ScatterOptions,
     _make_premul_sum,
 )
+from .window import _new_window, _supports_window
 from .world import GroupMember, group
 
 __all__ = [
@@ -133,5 +134,6 @@ __all__ = [
     "get_default_backend_for_device", "is_backend_available", "split_group", "send_object_list",
     "recv_object_list", "register_rendezvous_handler", "QueueEmptyError", "BuiltinCommHookType",
     "is_xccl_available", "shrink_group", "gather_single", "gather_into_tensor", "get_backend_impl",
-    "set_timeout", "_get_reconfigure_handle", "_reconfigure", "_supports_reconfigure",
+    "set_timeout", "_get_reconfigure_handle", "_reconfigure", "_supports_reconfigure", "_new_window",
+    "_supports_window",
 ]

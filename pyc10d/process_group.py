@@ -93,6 +93,17 @@ register_factory("hier", create_hier)  # shm within each host, tcp between hosts
 register_factory("auto", create_auto)  # the default: shm on one host, hier across hosts, else tcp
 
 
+#: One-sided windows (``window/``, which registers itself here when imported): whether an
+#: engine's group makes them, and the maker. Until then no group does.
+_windows: tuple[Callable[[Any], bool], Callable[[Any, Any], Any]] | None = None
+
+
+def serve_windows(supports: Callable[[Any], bool], make: Callable[[Any, Any], Any]) -> None:
+    """Let the window room answer ``ProcessGroup.supports_window`` / ``new_window``."""
+    global _windows
+    _windows = (supports, make)
+
+
 def make_engine(backend: str, store: Store, rank: int, size: int, timeout: timedelta, name: str) -> Any:
     """The engine of a new group (every API makes its groups' engines here)."""
     key = Backend.resolve(backend)
@@ -204,6 +215,17 @@ class ProcessGroup:
 
     def abort(self) -> None:
         self._engine.abort()
+
+    # -- one-sided windows (torch 2.14's dist._new_window; ``window/``) ------------------------
+    @property
+    def supports_window(self) -> bool:
+        return _windows is not None and _windows[0](self._engine)
+
+    def new_window(self, tensor: torch.Tensor | None = None) -> Any:
+        """A one-sided window on this group (collective), ``tensor`` registered if given."""
+        if _windows is None or not _windows[0](self._engine):
+            raise RuntimeError(f"Backend {self._backend_name} does not support new_window")
+        return _windows[1](self._engine, tensor)
 
     # -- reconfigure (torch 2.14's dist._reconfigure; ``reconfigure.py``) --------------------
     supports_reconfigure = True

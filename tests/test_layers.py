@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("process group", {"process_group", "groups", "rendezvous", "shrink", "reconfigure"}),
     ("public API", {"_preamble", "collectives", "p2p", "object_collectives", "distributed_c10d",
                     "device_mesh"}),
-    ("on top", {"functional", "nn", "symmetric_memory", "torch_backend", "integrations"}),
+    ("on top", {"functional", "nn", "symmetric_memory", "window", "torch_backend", "integrations"}),
     # ``import pyc10d`` re-exports every layer (``pyc10d.nn``, ``pyc10d.functional``), as
     # ``torch.distributed`` exports ``GradBucket``: the front door sits above what it opens.
     ("the package's front door", {"__init__", "_api", "_lazy_api"}),

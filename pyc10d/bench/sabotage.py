@@ -21,6 +21,7 @@ What "does nothing" means depends on the call (``mode``):
 
 For processes a benchmark launches, ``python -m pyc10d.bench.sabotage`` (as the module
 ``pyc10d.bench.launch.run_worker`` starts) applies ``PYC10D_SABOTAGE=module:attr:nth:mode``
+(``attr`` may be ``Class.method``)
 (several, comma-separated, each with a count of its own)
 and then runs ``PYC10D_SABOTAGE_RUN`` (a benchmark module) as ``__main__`` with the same
 arguments.
@@ -173,6 +174,9 @@ def main() -> None:
     for target in settings.SABOTAGE.get().split(","):
         where, attr, nth, mode = target.split(":")
         owner = importlib.import_module(where)
+        *path, attr = attr.split(".")  # ``module:Class.method`` reaches a method
+        for name in path:
+            owner = getattr(owner, name)
         setattr(owner, attr, saboteur(getattr(owner, attr), int(nth), mode))
     target = settings.SABOTAGE_RUN.get()
     sys.argv = [target, *sys.argv[1:]]

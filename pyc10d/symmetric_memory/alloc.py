@@ -59,7 +59,7 @@ def pad_bytes(world_size: int) -> int:
 class Mapping:
     """Every rank's segment of one allocation as mapped by this rank, plus its signal counts."""
 
-    def __init__(self, state: GroupState, segs: list[_seam.Segment], data_bytes: int) -> None:
+    def __init__(self, state: Members, segs: list[_seam.Segment], data_bytes: int) -> None:
         self.group_name, self.rank, self.world_size = state.group_name, state.rank, state.size
         self.members, self.timeout, self.watch = state.members, state.timeout, state.watch
         self.segs, self.data_bytes = segs, data_bytes
@@ -80,7 +80,26 @@ class Mapping:
         return self.segs[owner], off // 4
 
 
-class GroupState:
+class Members:
+    """Who takes part in a symmetric allocation and how they meet (``exchange`` reads only
+    this): a group with symmetric memory enabled (``GroupState``, through the store) or a
+    one-sided window's group (``window/mapped.py``, through the group's own collectives)."""
+
+    group_name: str
+    rank: int
+    size: int
+    members: list[int]  # global rank of each group rank (for messages)
+    timeout: float  # seconds
+    count: int  # allocations made so far (every rank counts alike)
+    watch: _seam.PeerWatch | None
+
+    def meet(self, key: str, value: str, what: str) -> list[str]:
+        """Every rank's ``value`` under ``key``, by group rank (collective; ``what`` says
+        what a late rank is waited for)."""
+        raise NotImplementedError
+
+
+class GroupState(Members):
     """What symmetric memory keeps per enabled group: its store, ranks, timeout, counters.
 
     It hangs off the group object itself, so it goes (and with it the persistent
@@ -103,6 +122,12 @@ class GroupState:
         self.workspace: Any = None  # the fused ops' scratch handle (see fused)
         #: peers may still read this rank's workspace (their "done" signals are outstanding)
         self.workspace_busy = False
+
+    def meet(self, key: str, value: str, what: str) -> list[str]:
+        self.store.set(f"{key}/{self.rank}", value)
+        keys = [f"{key}/{p}" for p in range(self.size)]
+        _wait(self, keys, what)
+        return [v.decode() for v in self.store.multi_get(keys)]
 
 
 _ATTR = "_pyc10d_symm_mem"
@@ -143,7 +168,7 @@ def get_state(group_name: str) -> GroupState:
 
 
 # -- the collective exchange ------------------------------------------------------------------
-def exchange(state: GroupState, nbytes: int) -> Mapping:
+def exchange(state: Members, nbytes: int) -> Mapping:
     """Allocate ``nbytes`` (rounded up to pages) on every rank of the group and map them all."""
     data_bytes = _align(max(nbytes, 1))
     total = data_bytes + pad_bytes(state.size)
@@ -153,10 +178,8 @@ def exchange(state: GroupState, nbytes: int) -> Mapping:
     seg = _seam.create_segment(total)
     names = [seg.name]
     try:
-        state.store.set(f"{prefix}seg/{me}", f"{seg.name}:{total}:{os.getpid()}")
-        keys = [f"{prefix}seg/{p}" for p in range(n)]
-        _wait(state, keys, "every rank to create its segment")
-        entries = [v.decode().split(":") for v in state.store.multi_get(keys)]
+        entries = [v.split(":") for v in state.meet(f"{prefix}seg", f"{seg.name}:{total}:{os.getpid()}",
+                                                   "every rank to create its segment")]
         names = [e[0] for e in entries]
         for p, (_, size, _) in enumerate(entries):
             if int(size) != total:
@@ -165,8 +188,7 @@ def exchange(state: GroupState, nbytes: int) -> Mapping:
                     f"{state.members[p]} allocated {size} in the same collective allocation "
                     f"#{state.count} of group {state.group_name!r}")
         segs = [seg if p == me else _map(state, names[p], total, p) for p in range(n)]
-        state.store.set(f"{prefix}mapped/{me}", "1")
-        _wait(state, [f"{prefix}mapped/{p}" for p in range(n)], "every rank to map the segments")
+        state.meet(f"{prefix}mapped", "1", "every rank to map the segments")
     finally:
         for name in names:  # mapped by all by now, or failed: no name may outlive this call
             _seam.unlink_segment(name)
@@ -176,7 +198,7 @@ def exchange(state: GroupState, nbytes: int) -> Mapping:
     return Mapping(state, segs, data_bytes)
 
 
-def _map(state: GroupState, name: str, total: int, p: int) -> _seam.Segment:
+def _map(state: Members, name: str, total: int, p: int) -> _seam.Segment:
     try:
         return _seam.map_segment(name, total)
     except OSError as e:

@@ -125,6 +125,18 @@ class SymmetricMemory:
         """Block until ``src_rank`` has sent one more signal on ``channel`` than consumed so far."""
         self._wait_for(src_rank, _user(channel), timeout_ms, f"wait_signal(src_rank={src_rank})")
 
+    def poll_signal(self, src_rank: int, channel: int = 0) -> bool:
+        """Take one signal from ``src_rank`` on ``channel`` if one is there, without waiting."""
+        m, channel = self._m, _user(channel)
+        if not 0 <= src_rank < m.world_size:
+            raise RuntimeError(f"poll_signal: rank {src_rank} is not in [0, {m.world_size})")
+        target = (m.consumed[channel][src_rank] + 1) & _M
+        seg, i = m.word(m.rank, channel, src_rank)
+        if not _reached(seg.words[i], target):
+            return False
+        m.consumed[channel][src_rank] = target
+        return True
+
     def barrier(self, channel: int = 0, timeout_ms: int = 0) -> None:
         """Return once every rank of the group has entered this barrier. Barriers count on a
         channel of their own, apart from user signals; ``channel`` is accepted for torch's

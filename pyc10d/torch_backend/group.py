@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.distributed as tdist
+from torch._C import _distributed_c10d as _c10d
 from torch._C._distributed_c10d import AllgatherOptions as _AllgatherOptions
 from torch._C._distributed_c10d import AllreduceOptions as _AllreduceOptions
 from torch._C._distributed_c10d import AllToAllOptions as _AllToAllOptions
@@ -29,6 +30,7 @@ from torch._C._distributed_c10d import BroadcastOptions as _BroadcastOptions
 from torch._C._distributed_c10d import ReduceScatterOptions as _ReduceScatterOptions
 from torch._C._distributed_c10d import Work as _TorchWorkBase
 
+from .. import window as windows
 from ..backends import reconfigure as reconf
 from ..backends.lane import LaneOps
 from ..backends.lifetime import release_on_drop
@@ -379,13 +381,15 @@ class TorchProcessGroup(tdist.ProcessGroup):
         them: torch 2.14's ``monitored_barrier`` requires the CPU there."""
         return [torch.device("cpu")]
 
-    # -- what pyc10d does not offer through torch yet -------------------------------------
+    # -- one-sided windows (torch 2.14's dist._new_window; ``window/``) ------------------------
     @property
     def supports_window(self) -> bool:
-        return False
+        return windows.supports(self._engine)
 
-    def new_window(self, tensor: torch.Tensor | None = None) -> Any:
-        raise RuntimeError(f"Backend {self._backend_label} does not support new_window")
+    def new_window(self, tensor: torch.Tensor | None = None) -> TorchWindow:
+        if not windows.supports(self._engine):
+            raise RuntimeError(f"Backend {self._backend_label} does not support new_window")
+        return TorchWindow(windows.new_window(self._engine, tensor))
 
     # -- reconfigure (torch 2.14's dist._reconfigure; ``backends/reconfigure.py``) -------------
     @property
@@ -428,6 +432,40 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     def set_timeout(self, timeout: timedelta) -> None:
         self._engine._set_default_timeout(timeout)
+
+
+@_translating_methods
+class TorchWindow:
+    """The window torch's ``dist._new_window`` returns from this group: pyc10d's window
+    (``window/``) with torch's error types and Works. (torch's ``Window`` cannot be made from
+    Python; torch only calls the methods.)"""
+
+    def __init__(self, window: Any) -> None:
+        self.window = window
+
+    def tensor_register(self, tensor: torch.Tensor, owning: bool = True) -> None:
+        self.window.tensor_register(tensor, owning)
+
+    def tensor_deregister(self) -> None:
+        self.window.tensor_deregister()
+
+    def put(self, tensor: torch.Tensor, dst_rank: int, target_offset_nelems: int, async_op: bool = False,
+            opts: Any = None) -> TorchWork:
+        return TorchWork(self.window.put(tensor, dst_rank, target_offset_nelems, async_op, opts))
+
+    def signal(self, peer_rank: int, async_op: bool = False, opts: Any = None) -> TorchWork:
+        return TorchWork(self.window.signal(peer_rank, async_op, opts))
+
+    def wait_signal(self, peer_rank: int, async_op: bool = False, opts: Any = None) -> TorchWork:
+        return TorchWork(self.window.wait_signal(peer_rank, async_op, opts))
+
+    def map_remote_tensor(self, rank: int) -> torch.Tensor:
+        return self.window.map_remote_tensor(rank)
+
+    def get_attr(self, peer_rank: int) -> Any:
+        self.window.get_attr(peer_rank)
+        attr = getattr(_c10d, "WindowAttr", None)  # (torch 2.14)
+        return attr() if attr is not None else self.window.get_attr(peer_rank)
 
 
 class ShrinkableBackend:

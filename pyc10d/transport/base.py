@@ -21,6 +21,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Protocol
 
 from ..errors import DistBackendError, DistNetworkError, DistTimeoutError
 from .pool import PayloadPool, copy_bytes
@@ -138,6 +139,20 @@ class Transport(ABC):
         return mailbox.unexpected_from(peer, namespace) if mailbox is not None else []
 
 
+class Sink(Protocol):
+    """Where the messages of one namespace land with no receive posted: a one-sided window
+    (``window/messages.py``). The thread that reads a peer's stream (its receiver thread, or a
+    caller on the tcp lane) puts each message's payload straight into ``landing``'s buffer and
+    then calls ``landed``, one message at a time in the order that peer sent them: a put
+    followed by a signal has landed when the signal is counted."""
+
+    def landing(self, peer: int, channel: int, nbytes: int, meta: int) -> memoryview | None:
+        """The ``nbytes`` of memory the message goes into; None drops it (the sink says why)."""
+
+    def landed(self, peer: int, channel: int, nbytes: int, meta: int) -> None:
+        """The message is in place."""
+
+
 class Mailbox:
     """Matching of arrived messages with posted receives, shared by transports.
 
@@ -171,6 +186,7 @@ class Mailbox:
         self.pool = PayloadPool()
         self.watchers: dict[int, Callable[[int, int, int], None]] = {}
         self.waiting_unexpected = 0  # messages in ``unexpected``, for a lock-free "none" check
+        self.sinks: dict[int, Sink] = {}  # namespace -> where its messages land (``Sink``)
 
     def watch(self, namespace: int, callback: Callable[[int, int, int], None] | None) -> None:
         if callback is None:
@@ -266,6 +282,19 @@ class Mailbox:
         self.pool.release(data)
         return n, meta
 
+    def withdraw(self, handle: RecvHandle) -> bool:
+        """Take back a posted receive no message has taken (its waiter gave up, and a later
+        message must wait for the next receive); False if a message took it meanwhile."""
+        with self.lock:
+            waiting = self.any_posted if handle.peer == ANY_SOURCE else self.posted[handle.peer]
+            queue = waiting.get(handle.channel)
+            if not queue or handle not in queue:
+                return False
+            queue.remove(handle)
+            if not queue:
+                del waiting[handle.channel]
+            return True
+
     def take_posted(self, peer: int, channel: int, wait: float = 0.0) -> RecvHandle | None:
         """The receive for a message from ``peer`` on ``channel``; if none is posted yet,
         give the receiver up to ``wait`` seconds to post one (``None`` if it does not)."""
@@ -281,8 +310,24 @@ class Mailbox:
                 handle = self._pop_posted(peer, channel)
             return handle
 
+    def sink_of(self, channel: int) -> Sink | None:
+        """The sink of ``channel``'s namespace, if a window has one there."""
+        return self.sinks.get(channel >> NAMESPACE_SHIFT) if self.sinks else None
+
     def arrived(self, peer: int, channel: int, data: bytes | bytearray | memoryview, meta: int) -> None:
-        """A whole message arrived with no receive posted when it started; match or queue it."""
+        """A whole message arrived with no receive posted when it started; match or queue it
+        (or, in a sink's namespace, copy it where the sink says)."""
+        if self.sinks:
+            sink = self.sink_of(channel)
+            if sink is not None:
+                n = len(data)
+                view = sink.landing(peer, channel, n, meta)
+                if view is not None:
+                    if n:
+                        copy_bytes(view, data)
+                    sink.landed(peer, channel, n, meta)
+                self.pool.release(data)
+                return
         with self.lock:
             handle = self._pop_posted(peer, channel)
             if handle is None:

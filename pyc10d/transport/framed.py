@@ -176,6 +176,23 @@ class FramedTransport(Transport):
         seconds for one), else into a holding buffer for the receive to come. A receive being
         filled when the stream breaks is failed here, naming the peer."""
         box = self.mailbox
+        sink = box.sink_of(channel) if box.sinks else None
+        if sink is not None:  # a window's message: straight into the window (``base.Sink``)
+            view = sink.landing(peer, channel, nbytes, meta)
+            if view is not None:
+                if stripes:
+                    self._read_stripes(peer, stripes, view[:nbytes])
+                elif nbytes:
+                    read(view[:nbytes], True)
+                sink.landed(peer, channel, nbytes, meta)
+            else:  # dropped (the sink said why): read past it
+                payload = box.pool.acquire(nbytes)
+                if stripes:
+                    self._read_stripes(peer, stripes, payload)
+                else:
+                    read(payload, True)
+                box.pool.release(payload)
+            return
         handle = box.take_posted(peer, channel, wait)
         try:
             if handle is not None and nbytes <= len(handle.buf):
