@@ -35,7 +35,15 @@ def versions() -> dict[str, Any]:
 
     return {"pyc10d": pyc10d.__version__, "pyc10d_path": os.path.dirname(pyc10d.__file__),
             "torch": torch.__version__, "python": platform.python_version(),
-            "platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count()}
+            "platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            **cpu_budget()}
+
+
+def cpu_budget() -> dict[str, Any]:
+    """What pyc10d's policies count as this host's CPUs (``transport.cpus``), and why."""
+    from pyc10d.transport import cpus
+
+    return {"affinity_cpus": cpus.affinity(), "cpu_quota": cpus.cpu_quota(), "usable_cpus": cpus.usable_cpus()}
 
 
 def torch_backends() -> dict[str, Any]:
@@ -162,6 +170,8 @@ def render(info: dict[str, Any]) -> str:
         f"pyc10d      {v['pyc10d']} ({v['pyc10d_path']})",
         f"torch       {v['torch']}",
         f"python      {v['python']} on {v['platform']} ({v['machine']}, {v['cpus']} CPUs)",
+        f"cpus        {v['usable_cpus']} usable: {v['affinity_cpus']} in the affinity set, "
+        + (f"a cgroup quota of {v['cpu_quota']:g} CPUs" if v["cpu_quota"] is not None else "no cgroup CPU quota"),
         f"torch sees  {seen}",
         f"entry point {tb['entry_point'] or 'not installed (pip install pyc10d declares it)'}; "
         f"autoload {'on' if tb['autoload'] else 'off (TORCH_DEVICE_BACKEND_AUTOLOAD=0)'}, "

@@ -1,20 +1,117 @@
-"""How many CPUs this process may run on: what the transports' spin and buffer policies, the
-functional collectives' inline limit and the benchmarks' spaced mode compare rank counts with."""
+"""How many CPUs this host gives the job: what the transports' spin and buffer policies, the
+functional collectives' inline limit and the benchmarks' spaced mode compare rank counts with.
+
+Two things limit it, and ``usable_cpus`` takes the smaller:
+
+* the affinity set (``taskset``, a cgroup cpuset, ``pyc10d.run --bind-to``), as it was before
+  pyc10d placed this process on a share of it (``place``): a placed rank's own mask is its
+  share, not what the job's ranks on the host have between them;
+* the CPU quota of the process's cgroup (a container's CPU limit: v2 ``cpu.max``, v1
+  ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``, the smallest along the cgroup's path),
+  rounded down, at least 1: a quota is time, not CPUs, so two ranks spinning under a quota
+  of one CPU take turns being throttled.
+"""
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
 
 from .. import settings
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
-def usable_cpus() -> int:
-    """The CPUs of this process's affinity set (``os.cpu_count()`` where that is unknown):
-    under ``taskset``, a cgroup cpuset or ``pyc10d.run --bind-to`` fewer than the machine has."""
+
+def affinity() -> int:
+    """CPUs in this process's affinity set as it is now (``os.cpu_count()`` where unknown)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def _limit_v2(directory: Path) -> float | None:
+    try:
+        quota, period = (directory / "cpu.max").read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else int(quota) / int(period)
+
+
+def _limit_v1(directory: Path) -> float | None:
+    try:
+        quota = int((directory / "cpu.cfs_quota_us").read_text())
+        period = int((directory / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if quota <= 0 or period <= 0 else quota / period
+
+
+def _smallest_up(leaf: Path, top: Path, read: Callable[[Path], float | None]) -> float | None:
+    """The smallest limit ``read`` finds from ``leaf`` up to ``top`` (a parent's quota binds
+    its children too)."""
+    found: list[float] = []
+    d = leaf
+    while True:
+        got = read(d)
+        if got is not None:
+            found.append(got)
+        if d == top or top not in d.parents:
+            break
+        d = d.parent
+    return min(found) if found else None
+
+
+def cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: Path = CGROUP_ROOT) -> float | None:
+    """CPUs the cgroup quota of this process allows (e.g. 1.5), or None when it has none."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[float] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        rel = path.lstrip("/")
+        if controllers == "":  # cgroup v2 (alone at the root, or beside v1 under unified/)
+            for top in (root, root / "unified"):
+                if (top / "cgroup.controllers").exists():
+                    got = _smallest_up(top / rel, top, _limit_v2)
+                    if got is not None:
+                        limits.append(got)
+        elif "cpu" in controllers.split(","):
+            for name in (controllers, "cpu", "cpu,cpuacct", "cpuacct,cpu"):
+                top = root / name
+                if top.is_dir():
+                    got = _smallest_up(top / rel, top, _limit_v1)
+                    if got is not None:
+                        limits.append(got)
+                    break
+    return min(limits) if limits else None
+
+
+@lru_cache(maxsize=1)
+def _quota() -> float | None:
+    return cpu_quota()
+
+
+#: The affinity set's size before ``place`` narrowed this process to its share.
+_before_placement: int | None = None
+
+
+def usable_cpus() -> int:
+    """The CPUs the job's ranks on this host share: the affinity set (before placement) and
+    the cgroup quota, the smaller (see the module docstring)."""
+    n = _before_placement if _placed is not None and _before_placement else affinity()
+    quota = _quota()
+    if quota is not None:
+        n = min(n, max(1, math.floor(quota + 1e-9)))
+    return n
 
 
 def oversubscribed(ranks_on_host: int, cpus: int | None = None) -> bool:
@@ -50,7 +147,7 @@ def place(local_rank: int, local_size: int, pids: list[int] | None = None) -> li
     as threads, as torchft's Manager tests run replicas) is never placed: pinning it to the
     first rank's share would put all its ranks on it (seen: two replicas on one of two CPUs).
     """
-    global _placed, _tried
+    global _placed, _tried, _before_placement
     if _tried:
         return _placed
     _tried = True
@@ -70,6 +167,7 @@ def place(local_rank: int, local_size: int, pids: list[int] | None = None) -> li
         tids = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
         tids = [0]
+    _before_placement = len(cpus)
     for tid in tids:
         try:
             os.sched_setaffinity(tid, mine)
@@ -81,8 +179,9 @@ def place(local_rank: int, local_size: int, pids: list[int] | None = None) -> li
 
 def _forget_after_fork() -> None:
     """A forked child is a process of its own: it places itself when its transport starts."""
-    global _placed, _tried
-    _placed, _tried = None, False
+    global _placed, _tried, _before_placement
+    _placed, _tried, _before_placement = None, False, None
+    _quota.cache_clear()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

@@ -128,3 +128,48 @@ def test_a_process_running_two_ranks_is_not_placed() -> None:
     both, mask, pids = _in_child(_two_ranks_in_one_process)
     assert pids[0] == pids[1], pids  # the case itself: one process, two ranks
     assert mask == both, "a process running two ranks was pinned to one rank's CPUs"
+
+
+def _tree(tmp: Any, files: dict[str, str]) -> Any:
+    for rel, text in files.items():
+        path = tmp / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp
+
+
+def test_cgroup_quota_v1_v2_nested_and_none(tmp_path: Any) -> None:
+    """The quota is read from the process's cgroup (v1 cfs or v2 cpu.max), the smallest along
+    its path; none when the files say unlimited or are missing."""
+    v1 = _tree(tmp_path / "v1", {"proc": "3:cpuset:/\n2:cpu,cpuacct:/job/step\n0::/\n",
+                                "cg/cpu,cpuacct/job/cpu.cfs_quota_us": "250000\n",
+                                "cg/cpu,cpuacct/job/cpu.cfs_period_us": "100000\n",
+                                "cg/cpu,cpuacct/job/step/cpu.cfs_quota_us": "-1\n",
+                                "cg/cpu,cpuacct/job/step/cpu.cfs_period_us": "100000\n"})
+    assert cpus.cpu_quota(str(v1 / "proc"), v1 / "cg") == 2.5
+    v2 = _tree(tmp_path / "v2", {"proc": "0::/pod/c1\n", "cg/cgroup.controllers": "cpu\n",
+                                "cg/pod/cpu.max": "150000 100000\n", "cg/pod/c1/cpu.max": "max 100000\n"})
+    assert cpus.cpu_quota(str(v2 / "proc"), v2 / "cg") == 1.5
+    (v2 / "cg/pod/c1/cpu.max").write_text("50000 100000\n")
+    assert cpus.cpu_quota(str(v2 / "proc"), v2 / "cg") == 0.5
+    free = _tree(tmp_path / "free", {"proc": "0::/\n", "cg/cgroup.controllers": "cpu\n", "cg/cpu.max": "max 100000\n"})
+    assert cpus.cpu_quota(str(free / "proc"), free / "cg") is None
+    assert cpus.cpu_quota(str(tmp_path / "no-such-file"), tmp_path) is None
+
+
+def _usable_under(quota: float | None) -> tuple[int, int, int]:
+    both = _two_cpus()
+    cpus._quota.cache_clear()
+    cpus._quota = lambda: quota  # type: ignore[assignment]
+    before = cpus.usable_cpus()
+    cpus.place(0, 2)
+    return len(both), before, cpus.usable_cpus()
+
+
+def test_usable_cpus_counts_the_host_not_the_placed_share_and_the_quota() -> None:
+    """A placed rank's own mask is its share: ``usable_cpus`` still answers for the host (so
+    "more ranks than CPUs?" stays False at 2 ranks on 2 CPUs after placement), and a quota
+    below the affinity set lowers it (rounded down, at least 1)."""
+    assert _in_child(lambda: _usable_under(None)) == (2, 2, 2)
+    assert _in_child(lambda: _usable_under(1.5)) == (2, 1, 1)
+    assert _in_child(lambda: _usable_under(0.3)) == (2, 1, 1)
