@@ -44,6 +44,9 @@
 #   make exit-trials  programs that end right after their last collective (8 ranks as threads;
 #               2 ranks on shm, tcp and the plugin, forked and exec-started), EXIT_TRIALS (50)
 #               runs each: every one must exit 0 (make test runs each once, forked)
+#   make test-clients  programs written for torch.distributed, unchanged, on pyc10d and Gloo:
+#               a nanoGPT-sized model under torchrun and Lightning Fabric's DDP (installed
+#               into .venv-clients), losses and parameters compared (pyc10d/testing/clients.py)
 #   make lint   ruff
 
 PYTHON ?= python3
@@ -63,7 +66,7 @@ PROPERTY_EXAMPLES ?= 3000
 WORLDS_TIMEOUT ?= 1800
 
 .PHONY: venv demo test test-torch-next test-full test-launchers test-worlds fuzz chaos bench bench-instructions test-instructions torch-suite test-torchft \
-	chaos-torchft lint clean exit-trials
+	chaos-torchft lint clean exit-trials test-clients
 
 venv: $(STAMP)
 
@@ -158,6 +161,16 @@ chaos: $(STAMP)
 # Not part of `make test` (tests/torch_backend/test_torch_suite.py runs a fixed slice of it): minutes.
 torch-suite: $(STAMP)
 	$(PY) -m pyc10d.testing.torch_suite
+
+# Programs written for torch.distributed run unchanged on pyc10d and on Gloo, their losses and
+# parameters compared (pyc10d/testing/clients.py): a nanoGPT-sized model under torchrun, and
+# Lightning Fabric (installed into its own venv, beside torch pinned as for make venv).
+CLIENTS_VENV ?= .venv-clients
+test-clients:
+	test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/pip install -q --no-compile torch==$(TORCH)
+	$(CLIENTS_VENV)/bin/pip install -q --no-compile -e . lightning
+	$(CLIENTS_VENV)/bin/python -m pyc10d.testing.clients
 
 # Not part of `make test` (tests/integrations/test_torchft.py runs the selection once on pyc10d).
 test-torchft: $(STAMP)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -88,7 +89,9 @@ class ShmBackend(Engine):
         transport = ShmTransport(store, rank, size, timeout)
         # Each rank of the host on CPUs of its own (``cpus.place``; ``PYC10D_BIND=none`` not):
         # left to the kernel, some jobs ran large collectives at half speed throughout.
-        mine = cpus.place(rank, size, transport.pids)
+        ref = weakref.ref(transport)
+        mine = cpus.place(rank, size, transport.pids,
+                          alive=lambda: (t := ref()) is not None and not t.closed)
         if mine is not None and torch.get_num_threads() > len(mine):
             torch.set_num_threads(len(mine))  # (torch sized its pool for the whole machine)
         return cls(transport, list(range(size)), rank, group_name, Options(timeout), owns_transport=True)

@@ -158,6 +158,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "report the spread across jobs: fastest, median, slowest (instead of the "
                    "best of --rounds); use with one or two sizes, e.g. --min-bytes 16M "
                    "--max-bytes 64M")
+    p.add_argument("--quota", type=float, metavar="CPUS",
+                   help="run every job in a cgroup whose CPU quota is CPUS CPUs of time (as a "
+                   "container's CPU limit; needs root) and report each figure's median and worst "
+                   "loop: throttling shows in the worst, not in the best")
     p.add_argument("--timeout", type=float, default=900, help="seconds per job (default 900)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--name", help="file name stem (default bench-<date>-<time>)")
@@ -209,6 +213,29 @@ def main(argv: list[str] | None = None) -> int:
             rest = [a for a in argv if a != flag]
             return int(importlib.import_module(module).main(rest) or 0)
     args = parse_args(argv)
+    if args.quota and not args.from_json:
+        from pyc10d.bench.quota import QuotaUnavailable, cpu_quota_group
+
+        try:
+            with cpu_quota_group(args.quota) as enter:
+                enter()  # this driver, and so every job it starts, runs under the quota
+                return _main(args)
+        except QuotaUnavailable as e:
+            raise SystemExit(f"--quota: {e}") from None
+    return _main(args)
+
+
+def _quota_table(records: list[dict[str, Any]], quota: float) -> str:
+    lines = [f"under a CPU quota of {quota:g} CPUs: each figure's median and worst loop (us)",
+             f"{'backend':<14}{'op':<24}{'n':>3}{'size':>9}{'median':>11}{'worst':>11}{'worst/median':>14}"]
+    for r in report.collectives(records):
+        lines.append(f"{r['backend']:<14}{r['op']:<24}{r['world_size']:>3}{metrics.format_size(r['bytes']):>9}"
+                     f"{r['time_us']:>11.1f}{r.get('max_us', float('nan')):>11.1f}"
+                     f"{r.get('max_us', float('nan')) / r['time_us']:>13.2f}x")
+    return "\n".join(lines)
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.from_json:
         records = report.read_json(args.from_json)
         report.print_report(records)
@@ -255,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
                     rounds += recs
     records += best_of_rounds(rounds)
     report.print_report(records)
+    if args.quota:
+        records[0]["quota_cpus"] = args.quota
+        print("\n" + _quota_table(records, args.quota))
     failed = failed or any(not r.get("correct", True) for r in report.collectives(records))
     stem = args.out / (args.name or f"bench-{stamp}")
     report.write_json(records, stem.with_suffix(".json"))

@@ -206,6 +206,9 @@ def bench(args: argparse.Namespace, init: Callable[[], None] | None = None) -> l
     else:
         init()
     rank, n = dist.get_rank(), dist.get_world_size()
+    if getattr(args, "start_at", 0.0):  # jobs started together time together (bench.placement)
+        dist.barrier()
+        time.sleep(max(0.0, args.start_at - time.time()))
     records: list[dict[str, Any]] = []
     itemsize, dtype = metrics.DTYPES[args.dtype], getattr(torch, args.dtype)
     try:
@@ -224,6 +227,7 @@ def bench(args: argparse.Namespace, init: Callable[[], None] | None = None) -> l
                        "world_size": n, "bytes": size, "count": count, "dtype": args.dtype,
                        "iters": k * reps, "ops_per_loop": k, "loops": reps, "time_us": med * 1e6,
                        "mean_us": statistics.fmean(times) * 1e6, "min_us": min(times) * 1e6,
+                       "max_us": max(times) * 1e6,
                        "algbw_GBps": algbw, "busbw_GBps": busbw, "correct": bool(ok.item())}
                 records.append(rec)
                 if rank == 0:
@@ -276,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                         "async: K async ops, then every Work waited; spaced: 1 ms of busy work before each op")
     p.add_argument("--dtype", choices=list(metrics.DTYPES), default="float32", help="element type")
     p.add_argument("--out", required=True, help="JSON file rank 0 writes its records to")
+    p.add_argument("--start-at", type=float, default=0.0,
+                   help="wall-clock time (time.time()) to start timing at: jobs run side by side")
     p.add_argument("--world-size", type=int, default=0,
                    help="ranks as threads of this process (threaded backends; no launcher)")
     args = p.parse_args(argv)

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+import time
+import weakref
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-from .. import settings
+from .. import settings, threads
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -120,7 +124,7 @@ def oversubscribed(ranks_on_host: int, cpus: int | None = None) -> bool:
     rank yields its CPU (tcp's ``spin_yields``, shm's ``default_spin``), tcp's spin time,
     socket buffers and how large a tensor the lane reads itself, and the functional
     collectives' inline limit (asked for twice the ranks: a CPU for each rank's progress too)."""
-    return ranks_on_host > (usable_cpus() if cpus is None else cpus)
+    return host_shared or ranks_on_host > (usable_cpus() if cpus is None else cpus)
 
 
 #: ``PYC10D_BIND``: ``auto`` (default) gives each rank of a host its own share of the CPUs when
@@ -130,7 +134,8 @@ _placed: list[int] | None = None
 _tried = False
 
 
-def place(local_rank: int, local_size: int, pids: list[int] | None = None) -> list[int] | None:
+def place(local_rank: int, local_size: int, pids: list[int] | None = None,
+          alive: Callable[[], bool] | None = None) -> list[int] | None:
     """Pin every thread of this process to its own share of the CPUs: ``local_rank``'s block of
     ``len(cpus) // local_size`` CPUs of the affinity set, the first time a host's ranks connect.
 
@@ -146,41 +151,179 @@ def place(local_rank: int, local_size: int, pids: list[int] | None = None) -> li
     ``pids``: the process of each of those ranks. A process that runs several of them (ranks
     as threads, as torchft's Manager tests run replicas) is never placed: pinning it to the
     first rank's share would put all its ranks on it (seen: two replicas on one of two CPUs).
+
+    Every such group also watches for other jobs on the host (``_watch``) while ``alive()``.
     """
     global _placed, _tried, _before_placement
+    if pids is not None and pids.count(os.getpid()) > 1:
+        return None
+    if local_size >= 2:
+        _watch_while(sorted(set(pids or []) | {os.getpid()}), alive)
     if _tried:
         return _placed
     _tried = True
-    if pids is not None and pids.count(os.getpid()) > 1:
-        return None
-    if settings.BIND.get().lower() in ("none", "0", "off", "false"):
-        return None
     try:
         cpus = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
+        return None
+    if settings.BIND.get().lower() in ("none", "0", "off", "false"):
         return None
     if local_size < 2 or local_size > len(cpus) or not 0 <= local_rank < local_size:
         return None
     share = len(cpus) // local_size
     mine = cpus[local_rank * share:(local_rank + 1) * share]
+    if local_size > usable_cpus():  # a quota below the affinity set: the ranks share anyway
+        return None
     try:
         tids = [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
         tids = [0]
-    _before_placement = len(cpus)
-    for tid in tids:
-        try:
-            os.sched_setaffinity(tid, mine)
-        except OSError:  # a thread that ended meanwhile
-            pass
+    _before_placement, _original[:] = len(cpus), cpus
+    _pin_all(mine, tids)
     _placed = mine
     return mine
 
 
+def _pin_all(cpus: list[int], tids: list[int] | None = None) -> None:
+    """Set the affinity of every thread of this process (new threads inherit it)."""
+    if tids is None:
+        try:
+            tids = [int(t) for t in os.listdir("/proc/self/task")]
+        except OSError:
+            tids = [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:  # a thread that ended meanwhile
+            pass
+
+
+# -- knowing it is not alone -------------------------------------------------------------------
+#: Seconds between two looks at who else uses the CPUs, and how many CPUs' worth of time
+#: others must have taken in two looks in a row for a placed rank to give its placement up.
+WATCH_S = 0.5
+OTHERS_CPUS = 0.5
+_TICK_S = 1.0 / (os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100)
+
+
+def _busy_ticks() -> int | None:
+    """Ticks every CPU of the machine spent running anything (``/proc/stat``; steal and idle
+    time left out): the kernel counts every process here, in any namespace or container."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = fields[:7]
+    return user + nice + system + irq + softirq
+
+
+def _own_ticks(pids: list[int]) -> int:
+    """Ticks the processes ``pids`` (every thread of each) have run, user and system."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):  # (a rank that ended)
+            pass
+    return total
+
+
+def others_cpus(pids: list[int], window_s: float) -> float | None:
+    """CPUs' worth of time that processes other than ``pids`` used during ``window_s`` seconds
+    from now (blocks that long); None where ``/proc`` does not say."""
+    busy0, own0 = _busy_ticks(), _own_ticks(pids)
+    if busy0 is None:
+        return None
+    time.sleep(window_s)
+    busy1, own1 = _busy_ticks(), _own_ticks(pids)
+    if busy1 is None:
+        return None
+    return max(0.0, (busy1 - busy0) - (own1 - own0)) * _TICK_S / window_s
+
+
+#: True once this process saw other processes use the host's CPUs (``_watch``): its ranks
+#: then wait as ranks that outnumber the CPUs do (``oversubscribed``).
+host_shared = False
+_hooks: list[weakref.ref] = []
+_original: list[int] = []  # the affinity set before placement
+_groups: list[tuple[list[int], Callable[[], bool]]] = []  # (ranks' pids, still there?) watched
+_watch_lock = threading.Lock()
+_watching = False
+
+
+def _watch_while(own: list[int], alive: Callable[[], bool] | None) -> None:
+    """Watch for other jobs while some group registered here is alive (one thread)."""
+    global _watching
+    with _watch_lock:
+        if host_shared:
+            return
+        _groups.append((own, alive or (lambda: True)))
+        if _watching:
+            return
+        _watching = True
+    threads.start(_watch, "pyc10d-placement", join_at_exit=False)
+
+
+def when_shared(waiter: Any) -> None:
+    """Call ``waiter.host_shared()`` when the host turns out to be shared (at once if it is):
+    how a wait policy fixed at creation (a shm arena's spin) learns it (held weakly)."""
+    with _watch_lock:
+        if not host_shared:
+            _hooks.append(weakref.ref(waiter))
+            return
+    waiter.host_shared()
+
+
+def _watch() -> None:
+    """Every shm rank's watch for other jobs on its host: once others have used
+    ``OTHERS_CPUS`` or more in two looks in a row (another job started, or the host runs
+    something busy), a placed rank's threads go back to the whole affinity set, and every
+    wait policy of the process turns to the one for ranks sharing CPUs (yield while
+    spinning, short spins): pinned ranks cannot move away from the other job's, and ranks
+    that spin hold CPUs the ranks they wait for need (measured: performance.md, "Placement on
+    a shared host"). Neither is taken back when the others go. It ends with the last group
+    it watches for (no pyc10d thread outlives the groups)."""
+    global _placed, _before_placement, host_shared, _watching
+    busy = 0
+    while True:
+        with _watch_lock:
+            _groups[:] = [g for g in _groups if g[1]()]
+            if not _groups:
+                _watching = False
+                return
+            own = sorted({pid for pids, _ in _groups for pid in pids})
+        used = others_cpus(own, WATCH_S)
+        if used is None:
+            with _watch_lock:
+                _watching = False
+            return
+        busy = busy + 1 if used >= OTHERS_CPUS else 0
+        if busy >= 2:
+            break
+    if _placed is not None:
+        _pin_all(_original)
+        _placed, _before_placement = None, None
+    with _watch_lock:
+        host_shared, _watching = True, False
+        _groups.clear()
+        hooks = list(_hooks)
+        _hooks.clear()
+    for ref in hooks:
+        waiter = ref()
+        if waiter is not None:
+            waiter.host_shared()
+
+
 def _forget_after_fork() -> None:
     """A forked child is a process of its own: it places itself when its transport starts."""
-    global _placed, _tried, _before_placement
-    _placed, _tried, _before_placement = None, False, None
+    global _placed, _tried, _before_placement, host_shared, _watching, _watch_lock
+    _placed, _tried, _before_placement, host_shared, _watching = None, False, None, False, False
+    _watch_lock = threading.Lock()  # (a lock held by a thread of the parent stays held)
+    _hooks.clear()
+    _groups.clear()
     _quota.cache_clear()
 
 

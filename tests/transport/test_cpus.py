@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -157,19 +158,96 @@ def test_cgroup_quota_v1_v2_nested_and_none(tmp_path: Any) -> None:
     assert cpus.cpu_quota(str(tmp_path / "no-such-file"), tmp_path) is None
 
 
-def _usable_under(quota: float | None) -> tuple[int, int, int]:
+def _usable_under(quota: float | None) -> tuple[int, int, int, bool]:
     both = _two_cpus()
     cpus._quota.cache_clear()
     cpus._quota = lambda: quota  # type: ignore[assignment]
     before = cpus.usable_cpus()
-    cpus.place(0, 2)
-    return len(both), before, cpus.usable_cpus()
+    placed = cpus.place(0, 2) is not None
+    return len(both), before, cpus.usable_cpus(), placed
 
 
 def test_usable_cpus_counts_the_host_not_the_placed_share_and_the_quota() -> None:
     """A placed rank's own mask is its share: ``usable_cpus`` still answers for the host (so
     "more ranks than CPUs?" stays False at 2 ranks on 2 CPUs after placement), and a quota
     below the affinity set lowers it (rounded down, at least 1)."""
-    assert _in_child(lambda: _usable_under(None)) == (2, 2, 2)
-    assert _in_child(lambda: _usable_under(1.5)) == (2, 1, 1)
-    assert _in_child(lambda: _usable_under(0.3)) == (2, 1, 1)
+    assert _in_child(lambda: _usable_under(None)) == (2, 2, 2, True)
+    assert _in_child(lambda: _usable_under(1.5)) == (2, 1, 1, False)  # a quota below 2 CPUs: not placed
+    assert _in_child(lambda: _usable_under(0.3)) == (2, 1, 1, False)
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_others_cpus_sees_a_busy_process_that_is_not_the_jobs() -> None:
+    busy = FORK.Process(target=_spin, args=(3.0,))
+    busy.start()
+    try:
+        time.sleep(0.2)
+        used = cpus.others_cpus([os.getpid()], 0.5)
+    finally:
+        busy.kill()
+        busy.join()
+    assert used is not None and used >= 0.6, used
+
+
+class _Waiter:
+    def __init__(self) -> None:
+        self.told = 0
+
+    def host_shared(self) -> None:
+        self.told += 1
+
+
+def _unplaced_when_shared() -> tuple[list[int], list[int], float, int, bool]:
+    both = _two_cpus()
+    cpus.WATCH_S = 0.2
+    waiter = _Waiter()
+    cpus.when_shared(waiter)
+    mine = cpus.place(0, 2)
+    assert mine is not None and sorted(os.sched_getaffinity(0)) == mine
+    assert not cpus.oversubscribed(2)
+    busy = FORK.Process(target=_spin, args=(6.0,))  # another job's rank, as far as this one knows
+    busy.start()
+    t0 = time.monotonic()
+    try:
+        while sorted(os.sched_getaffinity(0)) != both and time.monotonic() - t0 < 5:
+            time.sleep(0.05)
+        while waiter.told == 0 and time.monotonic() - t0 < 5:
+            time.sleep(0.05)
+    finally:
+        busy.kill()
+        busy.join()
+    return both, sorted(os.sched_getaffinity(0)), time.monotonic() - t0, waiter.told, cpus.oversubscribed(2)
+
+
+def test_a_placed_rank_gives_its_placement_up_when_another_process_uses_the_cpus() -> None:
+    """Pinned ranks that share their CPUs with another job cannot move away from it, and ranks
+    that spin hold CPUs their peers need (measured: performance.md): placement lasts only while
+    the host is the job's, and then every wait policy turns to the one for shared CPUs."""
+    both, after, took, told, over = _in_child(_unplaced_when_shared)
+    assert after == both, "still pinned with another busy process on the host"
+    assert took < 3, took
+    assert told == 1 and over is True
+
+
+def _watcher_gone_after_destroy(rank: int, world: int) -> tuple[bool, bool]:
+    import torch
+
+    import pyc10d
+
+    pyc10d.all_reduce(torch.ones(2))
+    during = any(t.name == "pyc10d-placement" for t in threading.enumerate())
+    pyc10d.destroy_process_group()
+    deadline = time.monotonic() + 3
+    while any(t.name == "pyc10d-placement" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return during, any(t.name == "pyc10d-placement" for t in threading.enumerate())
+
+
+def test_the_watch_ends_with_the_last_shm_group() -> None:
+    for during, after in run_ranks("shm", 2, _watcher_gone_after_destroy, timeout=30):
+        assert during and not after, (during, after)

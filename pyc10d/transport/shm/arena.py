@@ -49,7 +49,7 @@ import torch
 
 from ... import settings
 from ...errors import DistBackendError, DistNetworkError, DistTimeoutError
-from ..cpus import oversubscribed
+from ..cpus import oversubscribed, when_shared
 from . import futex
 from .segment import PeerWatch, Segment
 
@@ -134,6 +134,7 @@ class Arena:
         self.known = 0
         self.spin_s, self.yield_spin = default_spin(size)
         self.caller_spin_s = caller_spin(size)
+        when_shared(self)
         self._sleep_i = [(HEADER + p * LINE + 68) // 4 for p in range(size)]
         self._exchange = futex.exchange
         self._post_addr = seg.address + 4 * self._ctr[rank]  # this rank's counter
@@ -146,6 +147,11 @@ class Arena:
         self._typed: dict = {}
         # Word index of each rank's descriptor, per parity (``_descriptor_word``, computed once).
         self._desc = [[_descriptor_word(p, parity) for p in range(size)] for parity in (0, 1)]
+
+    def host_shared(self) -> None:
+        """Other jobs use this host's CPUs (``cpus.when_shared``): wait as ranks sharing CPUs do."""
+        self.spin_s, self.yield_spin = default_spin(self.size)
+        self.caller_spin_s = caller_spin(self.size)
 
     @staticmethod
     def nbytes(size: int, slot_bytes: int) -> int:

@@ -237,6 +237,10 @@ class ShmTransport(FramedTransport):
     def is_alive(self, peer: int) -> bool:
         return peer not in self.mailbox.dead and peer not in self.watch.gone
 
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
     def close(self) -> None:
         if self._closing:
             return
