@@ -421,6 +421,15 @@ def _resolve(group: Any) -> Any:
     return _get_default_group() if group is None else group
 
 
+def member_group(group: Any) -> Any:
+    """The group a call names (None: the default group), which this rank must be in: torch's
+    ``ValueError`` otherwise (its reconfigure and window calls say so)."""
+    pg = _resolve(group)
+    if _rank_not_in_group(pg):
+        raise ValueError("Invalid process group specified")
+    return pg
+
+
 def get_rank(group: Any = None) -> int:
     if _rank_not_in_group(group):
         return -1

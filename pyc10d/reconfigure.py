@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from .backends.work import Work
-from .groups import _get_default_group, _rank_not_in_group, _watch
+from .groups import _watch, member_group
 from .world import current_world
 
 __all__ = ["ReconfigureOptions", "_get_reconfigure_handle", "_reconfigure", "_supports_reconfigure"]
@@ -29,27 +29,20 @@ class ReconfigureOptions:
         self.uuid, self.handles, self.timeout, self.hints = uuid, handles, timeout, dict(hints or {})
 
 
-def _group(group: Any) -> Any:
-    pg = _get_default_group() if group is None else group
-    if _rank_not_in_group(pg):
-        raise ValueError("Invalid process group specified")
-    return pg
-
-
 def _supports_reconfigure(group: Any = None) -> bool:
-    return bool(_group(group).supports_reconfigure)
+    return bool(member_group(group).supports_reconfigure)
 
 
 def _get_reconfigure_handle(group: Any = None) -> str:
     """This process's handle for ``group`` (default: the default group), to pass to its peers."""
-    return _group(group).get_reconfigure_handle()
+    return member_group(group).get_reconfigure_handle()
 
 
 def _reconfigure(uuid: int, handles: Collection[str], group: Any = None, timeout: timedelta | None = None,
                  hints: dict[str, str] | None = None) -> Work:
     """Re-form ``group`` with the peers whose handles are given (a list fixes the ranks by
     position, a set lets pyc10d choose), every peer passing the same ``uuid`` and handles."""
-    pg = _group(group)
+    pg = member_group(group)
     work = pg.reconfigure(ReconfigureOptions(uuid, handles, timeout, hints))
     world = current_world()
     world.pg_group_ranks[pg] = {r: r for r in range(pg.size())}

@@ -32,7 +32,7 @@ from typing import Any
 
 from pyc10d.bench.launch import finish_job, free_port
 from pyc10d.bench.quota import QuotaUnavailable, cpu_quota_group
-from pyc10d.bench.report import cli_args, finish
+from pyc10d.bench.report import cli_args, finish, pyplot
 
 CASES = {"1 job": (1, 2, None), "2 jobs": (2, 2, None), "3 jobs": (3, 2, None),
          "quota 1 CPU": (1, 2, 1.0), "4 ranks": (1, 4, None)}
@@ -87,11 +87,8 @@ def run_case(case: str, config: str, args: argparse.Namespace, tmp: Path) -> dic
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     sizes = sorted({r["bytes"] for r in rows})
     cases = list(dict.fromkeys(r["case"] for r in rows))
@@ -165,11 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                 ratios = "  ".join(f"/{c} {cell['default']['us'] / cell[c]['us']:.2f}"
                                    for c in ("none", "gloo", "compared") if c in cell)
             print(f"{case:<12} {size:>8} B  {text}  {ratios}")
-    code = finish(args.out, "placement", {"args": cli_args(args), "rows": rows, "problems": problems}, problems)
-    latest = max(Path(args.out).glob("placement-*.json"), key=lambda p: p.stat().st_mtime, default=None)
-    if rows and latest is not None and _plot(rows, latest.with_suffix(".png")):
-        print(f"wrote {latest.with_suffix('.png')}")
-    return code
+    return finish(args.out, "placement", {"args": cli_args(args), "rows": rows, "problems": problems}, problems,
+                  plot=lambda png: bool(rows) and _plot(rows, png))
 
 
 if __name__ == "__main__":

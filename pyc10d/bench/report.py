@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,13 +195,28 @@ def write_result(out: str | Path, name: str, payload: Any) -> Path:
     return path
 
 
+def pyplot() -> Any:
+    """matplotlib's pyplot on its file-only backend, or None where matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
 def finish(out: str | Path, name: str, payload: dict[str, Any], problems: list[str],
-           label: str = "problem:") -> int:
+           label: str = "problem:", plot: Callable[[Path], bool] | None = None) -> int:
     """A benchmark driver's last step: print each problem, write ``payload`` (with the problems
-    under ``problems``'s own key in it already), say where; the exit status (1 on problems)."""
+    under ``problems``'s own key in it already) and, with ``plot``, a PNG beside it
+    (``plot(path)``: False when it drew nothing), say where; the exit status (1 on problems)."""
     for line in problems:
         print(label, line)
-    print(f"wrote {write_result(out, name, payload)}")
+    path = write_result(out, name, payload)
+    print(f"wrote {path}")
+    if plot is not None and plot(path.with_suffix(".png")):
+        print(f"wrote {path.with_suffix('.png')}")
     return 1 if problems else 0
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pyc10d.bench.launch import finish_job, run_worker
-from pyc10d.bench.report import cli_args, finish
+from pyc10d.bench.report import cli_args, finish, pyplot
 
 MODULE = "pyc10d.bench.window"  # (``__name__`` is ``__main__`` when run with ``-m``)
 #: job -> the (op) rows it times
@@ -179,11 +179,8 @@ def _run_mpi(args: argparse.Namespace, out: Path) -> Any:
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     sizes = sorted({r["bytes"] for r in rows})
     fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 4))
@@ -244,11 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             ratio = " ".join(f"{us / x:.2f}x" for x in ref)
             print(f"{size:>9} B  {impl:<5} {op:<11} {us:>9.1f}   vs shm/tcp put_signal: {ratio}")
     payload = {"args": cli_args(args), "rows": rows, "problems": problems}
-    code = finish(args.out, "window", payload, problems)
-    latest = max(Path(args.out).glob("window-*.json"), key=lambda p: p.stat().st_mtime, default=None)
-    if rows and latest is not None and _plot(rows, latest.with_suffix(".png")):
-        print(f"wrote {latest.with_suffix('.png')}")
-    return code
+    return finish(args.out, "window", payload, problems,
+                  plot=lambda png: bool(rows) and _plot(rows, png))
 
 
 if __name__ == "__main__":

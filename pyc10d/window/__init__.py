@@ -24,7 +24,7 @@ from .. import process_group
 from ..backends.shm import ShmBackend
 from ..backends.tcp import TCPBackend
 from ..backends.threaded import ThreadedBackend
-from ..groups import _get_default_group, _rank_not_in_group
+from ..groups import member_group
 from .base import Window, WindowAccessType, WindowAttr
 from .mapped import MappedWindow
 from .messages import MessageWindow
@@ -57,22 +57,15 @@ def new_window(engine: Any, tensor: torch.Tensor | None = None) -> Window:
     return window
 
 
-def _group(group: Any) -> Any:
-    pg = _get_default_group() if group is None else group
-    if _rank_not_in_group(pg):
-        raise ValueError("Invalid process group specified")
-    return pg
-
-
 def _supports_window(group: Any = None) -> bool:
     """Whether ``group`` (default: the default group) makes one-sided windows."""
-    return bool(_group(group).supports_window)
+    return bool(member_group(group).supports_window)
 
 
 def _new_window(tensor: torch.Tensor | None = None, group: Any = None) -> Window:
     """A one-sided window on ``group`` (collective: every rank calls it, in the same order),
     with ``tensor`` registered when given (else ``tensor_register`` later, collective too)."""
-    return _group(group).new_window(tensor)
+    return member_group(group).new_window(tensor)
 
 
 process_group.serve_windows(supports, new_window)
