@@ -95,10 +95,10 @@ register_factory("auto", create_auto)  # the default: shm on one host, hier acro
 
 #: One-sided windows (``window/``, which registers itself here when imported): whether an
 #: engine's group makes them, and the maker. Until then no group does.
-_windows: tuple[Callable[[Any], bool], Callable[[Any, Any], Any]] | None = None
+_windows: tuple[Callable[[Any], bool], Callable[[Any, Any, str], Any]] | None = None
 
 
-def serve_windows(supports: Callable[[Any], bool], make: Callable[[Any, Any], Any]) -> None:
+def serve_windows(supports: Callable[[Any], bool], make: Callable[[Any, Any, str], Any]) -> None:
     """Let the window room answer ``ProcessGroup.supports_window`` / ``new_window``."""
     global _windows
     _windows = (supports, make)
@@ -223,9 +223,9 @@ class ProcessGroup:
 
     def new_window(self, tensor: torch.Tensor | None = None) -> Any:
         """A one-sided window on this group (collective), ``tensor`` registered if given."""
-        if _windows is None or not _windows[0](self._engine):
+        if _windows is None:
             raise RuntimeError(f"Backend {self._backend_name} does not support new_window")
-        return _windows[1](self._engine, tensor)
+        return _windows[1](self._engine, tensor, self._backend_name)
 
     # -- reconfigure (torch 2.14's dist._reconfigure; ``reconfigure.py``) --------------------
     supports_reconfigure = True

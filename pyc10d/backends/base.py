@@ -172,7 +172,9 @@ class EngineCore:
         return self._broken
 
     # -- running operations --------------------------------------------------------------
-    def _op_timeout(self, opts: Any) -> float:
+    def op_timeout(self, opts: Any) -> float:
+        """Seconds an operation given ``opts`` may take: ``opts.timeout`` when it names one
+        (torch's options hold a negative one when unset), else the group's."""
         t = getattr(opts, "timeout", UNSET_TIMEOUT)
         if t is UNSET_TIMEOUT:  # the common case: no isinstance
             return self.timeout_s
@@ -194,7 +196,7 @@ class EngineCore:
         # The group's timeout unless ``opts`` names one (``timeout_s`` inlined: a Python call
         # less on every operation).
         timeout = (self.options.timeout_s if getattr(opts, "timeout", UNSET_TIMEOUT) is UNSET_TIMEOUT
-                   else self._op_timeout(opts))
+                   else self.op_timeout(opts))
         log = self.recorder
         with self._lock:
             if self._closed:

@@ -387,9 +387,7 @@ class TorchProcessGroup(tdist.ProcessGroup):
         return windows.supports(self._engine)
 
     def new_window(self, tensor: torch.Tensor | None = None) -> TorchWindow:
-        if not windows.supports(self._engine):
-            raise RuntimeError(f"Backend {self._backend_label} does not support new_window")
-        return TorchWindow(windows.new_window(self._engine, tensor))
+        return TorchWindow(windows.new_window(self._engine, tensor, self._backend_label))
 
     # -- reconfigure (torch 2.14's dist._reconfigure; ``backends/reconfigure.py``) -------------
     @property
@@ -463,9 +461,9 @@ class TorchWindow:
         return self.window.map_remote_tensor(rank)
 
     def get_attr(self, peer_rank: int) -> Any:
-        self.window.get_attr(peer_rank)
+        ours = self.window.get_attr(peer_rank)  # (checks the rank)
         attr = getattr(_c10d, "WindowAttr", None)  # (torch 2.14)
-        return attr() if attr is not None else self.window.get_attr(peer_rank)
+        return attr() if attr is not None else ours
 
 
 class ShrinkableBackend:

@@ -142,15 +142,12 @@ class Transport(ABC):
 class Sink(Protocol):
     """Where the messages of one namespace land with no receive posted: a one-sided window
     (``window/messages.py``). The thread that reads a peer's stream (its receiver thread, or a
-    caller on the tcp lane) puts each message's payload straight into ``landing``'s buffer and
-    then calls ``landed``, one message at a time in the order that peer sent them: a put
-    followed by a signal has landed when the signal is counted."""
+    caller on the tcp lane) puts each message's payload straight into ``landing``'s buffer, one
+    message at a time in the order that peer sent them: a put is in place before the thread
+    reads the peer's next message (its signal, say)."""
 
     def landing(self, peer: int, channel: int, nbytes: int, meta: int) -> memoryview | None:
         """The ``nbytes`` of memory the message goes into; None drops it (the sink says why)."""
-
-    def landed(self, peer: int, channel: int, nbytes: int, meta: int) -> None:
-        """The message is in place."""
 
 
 class Mailbox:
@@ -322,10 +319,8 @@ class Mailbox:
             if sink is not None:
                 n = len(data)
                 view = sink.landing(peer, channel, n, meta)
-                if view is not None:
-                    if n:
-                        copy_bytes(view, data)
-                    sink.landed(peer, channel, n, meta)
+                if view is not None and n:
+                    copy_bytes(view, data)
                 self.pool.release(data)
                 return
         with self.lock:

@@ -104,14 +104,10 @@ def _quota() -> float | None:
     return cpu_quota()
 
 
-#: The affinity set's size before ``place`` narrowed this process to its share.
-_before_placement: int | None = None
-
-
 def usable_cpus() -> int:
     """The CPUs the job's ranks on this host share: the affinity set (before placement) and
     the cgroup quota, the smaller (see the module docstring)."""
-    n = _before_placement if _placed is not None and _before_placement else affinity()
+    n = len(_original) if _placed is not None else affinity()
     quota = _quota()
     if quota is not None:
         n = min(n, max(1, math.floor(quota + 1e-9)))
@@ -154,7 +150,7 @@ def place(local_rank: int, local_size: int, pids: list[int] | None = None,
 
     Every such group also watches for other jobs on the host (``_watch``) while ``alive()``.
     """
-    global _placed, _tried, _before_placement
+    global _placed, _tried
     if pids is not None and pids.count(os.getpid()) > 1:
         return None
     if local_size >= 2:
@@ -174,23 +170,18 @@ def place(local_rank: int, local_size: int, pids: list[int] | None = None,
     mine = cpus[local_rank * share:(local_rank + 1) * share]
     if local_size > usable_cpus():  # a quota below the affinity set: the ranks share anyway
         return None
-    try:
-        tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:
-        tids = [0]
-    _before_placement, _original[:] = len(cpus), cpus
-    _pin_all(mine, tids)
+    _original[:] = cpus
+    _pin_all(mine)
     _placed = mine
     return mine
 
 
-def _pin_all(cpus: list[int], tids: list[int] | None = None) -> None:
+def _pin_all(cpus: list[int]) -> None:
     """Set the affinity of every thread of this process (new threads inherit it)."""
-    if tids is None:
-        try:
-            tids = [int(t) for t in os.listdir("/proc/self/task")]
-        except OSError:
-            tids = [0]
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        tids = [0]
     for tid in tids:
         try:
             os.sched_setaffinity(tid, cpus)
@@ -248,7 +239,7 @@ def others_cpus(pids: list[int], window_s: float) -> float | None:
 #: then wait as ranks that outnumber the CPUs do (``oversubscribed``).
 host_shared = False
 _hooks: list[weakref.ref] = []
-_original: list[int] = []  # the affinity set before placement
+_original: list[int] = []  # the affinity set before placement (its size: the host's CPUs)
 _groups: list[tuple[list[int], Callable[[], bool]]] = []  # (ranks' pids, still there?) watched
 _watch_lock = threading.Lock()
 _watching = False
@@ -286,7 +277,7 @@ def _watch() -> None:
     that spin hold CPUs the ranks they wait for need (measured: performance.md, "Placement on
     a shared host"). Neither is taken back when the others go. It ends with the last group
     it watches for (no pyc10d thread outlives the groups)."""
-    global _placed, _before_placement, host_shared, _watching
+    global _placed, host_shared, _watching
     busy = 0
     while True:
         with _watch_lock:
@@ -305,7 +296,7 @@ def _watch() -> None:
             break
     if _placed is not None:
         _pin_all(_original)
-        _placed, _before_placement = None, None
+        _placed = None
     with _watch_lock:
         host_shared, _watching = True, False
         _groups.clear()
@@ -319,8 +310,8 @@ def _watch() -> None:
 
 def _forget_after_fork() -> None:
     """A forked child is a process of its own: it places itself when its transport starts."""
-    global _placed, _tried, _before_placement, host_shared, _watching, _watch_lock
-    _placed, _tried, _before_placement, host_shared, _watching = None, False, None, False, False
+    global _placed, _tried, host_shared, _watching, _watch_lock
+    _placed, _tried, host_shared, _watching = None, False, False, False
     _watch_lock = threading.Lock()  # (a lock held by a thread of the parent stays held)
     _hooks.clear()
     _groups.clear()

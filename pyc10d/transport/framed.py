@@ -179,19 +179,13 @@ class FramedTransport(Transport):
         sink = box.sink_of(channel) if box.sinks else None
         if sink is not None:  # a window's message: straight into the window (``base.Sink``)
             view = sink.landing(peer, channel, nbytes, meta)
-            if view is not None:
-                if stripes:
-                    self._read_stripes(peer, stripes, view[:nbytes])
-                elif nbytes:
-                    read(view[:nbytes], True)
-                sink.landed(peer, channel, nbytes, meta)
-            else:  # dropped (the sink said why): read past it
-                payload = box.pool.acquire(nbytes)
-                if stripes:
-                    self._read_stripes(peer, stripes, payload)
-                else:
-                    read(payload, True)
-                box.pool.release(payload)
+            into = view[:nbytes] if view is not None else box.pool.acquire(nbytes)  # None: read past it
+            if stripes:
+                self._read_stripes(peer, stripes, into)
+            elif nbytes:
+                read(into, True)
+            if view is None:
+                box.pool.release(into)
             return
         handle = box.take_posted(peer, channel, wait)
         try:

@@ -46,11 +46,12 @@ def supports(engine: Any) -> bool:
     return kind_of(engine) is not None
 
 
-def new_window(engine: Any, tensor: torch.Tensor | None = None) -> Window:
-    """A new window on ``engine``'s group (collective), ``tensor`` registered if given."""
+def new_window(engine: Any, tensor: torch.Tensor | None = None, label: str | None = None) -> Window:
+    """A new window on ``engine``'s group (collective), ``tensor`` registered if given; the
+    refusal names the group's backend as ``label`` (default: the engine's name)."""
     kind = kind_of(engine)
     if kind is None:
-        raise RuntimeError(f"Backend {engine.backend_name} does not support new_window")
+        raise RuntimeError(f"Backend {label or engine.backend_name} does not support new_window")
     window = kind(engine)
     if tensor is not None:
         window.tensor_register(tensor)

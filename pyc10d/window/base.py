@@ -187,7 +187,7 @@ class Window:
         ``async_op`` the returned Work waits (``wait``, ``is_completed``, its future)."""
         self._need("wait_signal")
         src = self._rank_arg("wait_signal", peer_rank)
-        timeout = self._timeout(opts)
+        timeout = self.engine.op_timeout(opts)
         if not async_op:
             self._wait_signal(src, timeout)
             return CompletedWork("wait_signal", [])
@@ -215,12 +215,6 @@ class Window:
             raise DistInputError(f"Window.{op}: rank {rank!r} is not in group {self.group_name!r} "
                                  f"(its ranks are 0..{self.size - 1})")
         return rank
-
-    def _timeout(self, opts: Any) -> float:
-        t = getattr(opts, "timeout", None)
-        if isinstance(t, timedelta) and t.total_seconds() > 0:
-            return t.total_seconds()
-        return float(self.engine.timeout_s)
 
     def timed_out(self, src: int, timeout: float) -> DistTimeoutError:
         return DistTimeoutError(f"Window.wait_signal: rank {self.rank} of group {self.group_name!r}: "

@@ -68,9 +68,6 @@ class Landing:
             return None
         return memory[start:start + nbytes]
 
-    def landed(self, peer: int, channel: int, nbytes: int, meta: int) -> None:
-        pass  # the put is in place; its signal (if any) is a message of its own
-
 
 class MessageWindow(Window):
     kind = "messages"
