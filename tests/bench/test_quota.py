@@ -13,7 +13,7 @@ from pyc10d.bench.quota import QuotaUnavailable, cpu_quota_group
 PROBE = "from pyc10d.transport import cpus; print(cpus.cpu_quota(), cpus.usable_cpus())"
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(30)
 def test_a_job_in_the_group_sees_its_quota() -> None:
     try:
         with cpu_quota_group(0.5) as enter:

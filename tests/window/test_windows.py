@@ -22,7 +22,7 @@ from _multirank import exited, failure_after, run_ranks
 
 from pyc10d.torch_version import AT_LEAST_2_14
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(45)
 needs_2_14 = pytest.mark.skipif(not AT_LEAST_2_14, reason="torch 2.13 has no dist._new_window")
 NATIVE = ["shm", "tcp", "threaded"]
 PLUGIN = [pytest.param(b, marks=needs_2_14) for b in ("pyc10d_shm", "pyc10d_tcp")]
@@ -182,12 +182,12 @@ def _check(results: list[dict[str, Any]], ws: int, backend: str) -> None:
 
 @pytest.mark.parametrize("backend", NATIVE)
 def test_one_sided(backend: str) -> None:
-    _check(run_ranks(backend, 3, _one_sided, "pyc10d", backend, timeout=50), 3, backend)
+    _check(run_ranks(backend, 3, _one_sided, "pyc10d", backend, timeout=40), 3, backend)
 
 
 @pytest.mark.parametrize("backend", PLUGIN)
 def test_one_sided_plugin(backend: str) -> None:
-    results = run_ranks(backend, 3, _one_sided, "torch.distributed", backend, timeout=50,
+    results = run_ranks(backend, 3, _one_sided, "torch.distributed", backend, timeout=40,
                         dist_module="torch.distributed")
     _check(results, 3, backend)
     assert " torch DistTimeoutError" in results[0]["fourth"]  # torch's type through the plugin
