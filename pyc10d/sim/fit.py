@@ -24,6 +24,7 @@ all_reduce came out 3.2-3.5x the measured: 8 ranks queued for 2 simulated cores.
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing as mp
 import os
@@ -45,6 +46,11 @@ WORLDS = [2, 4, 8]
 
 
 def _rank(rank: int, n: int, path: str, job: str, out: Any) -> None:
+    # The parent's heap stays out of this rank's collections (``measure`` forks with the
+    # collector off): a finalizer of the parent's objects may wait on a lock one of its
+    # threads held at the fork (seen once: a rank stuck "Garbage-collecting" in a barrier).
+    gc.freeze()
+    gc.enable()
     import pyc10d as dist
 
     # One thread of torch's per rank: forked from a process whose pool was sized for the whole
@@ -92,8 +98,13 @@ def measure(job: str, n: int) -> dict[int, float]:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "store")
         procs = [ctx.Process(target=_rank, args=(r, n, path, job, out)) for r in range(n)]
-        for p in procs:
-            p.start()
+        gc.collect()
+        gc.disable()
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            gc.enable()
         got = dict(out.get(timeout=300) for _ in range(n))
         for p in procs:
             p.join(30)
