@@ -47,6 +47,13 @@
 #   make test-clients  programs written for torch.distributed, unchanged, on pyc10d and Gloo:
 #               a nanoGPT-sized model under torchrun and Lightning Fabric's DDP (installed
 #               into .venv-clients), losses and parameters compared (pyc10d/testing/clients.py)
+#   make test-slurm  a real Slurm cluster on namespace hosts (slurmctld, a slurmd per host; needs
+#               root, installs Debian's slurm-wlm and munge when missing): a torch DDP script
+#               through srun and sbatch on pyc10d and Gloo, pyc10d's API under srun with nothing
+#               set, a node lost mid-job (tests/testing/test_slurm.py; make test runs the API case)
+#   make test-ray  a real Ray cluster on namespace hosts (Ray installed into .venv-ray): Ray
+#               Train's TorchTrainer on pyc10d and Gloo, ray.util.collective on pyc10d beside
+#               Ray's Gloo backend (python -m pyc10d.testing.raycluster)
 #   make lint   ruff
 
 PYTHON ?= python3
@@ -66,7 +73,7 @@ PROPERTY_EXAMPLES ?= 3000
 WORLDS_TIMEOUT ?= 1800
 
 .PHONY: venv demo test test-torch-next test-full test-launchers test-worlds fuzz chaos bench bench-instructions test-instructions torch-suite test-torchft \
-	chaos-torchft lint clean exit-trials test-clients
+	chaos-torchft lint clean exit-trials test-clients test-slurm test-ray
 
 venv: $(STAMP)
 
@@ -171,6 +178,24 @@ test-clients:
 	$(CLIENTS_VENV)/bin/pip install -q --no-compile torch==$(TORCH)
 	$(CLIENTS_VENV)/bin/pip install -q --no-compile -e . lightning
 	$(CLIENTS_VENV)/bin/python -m pyc10d.testing.clients
+
+# A real Slurm cluster in namespace hosts (pyc10d/testing/slurm.py); the Slurm tests fail here,
+# rather than skip, where Slurm or the hosts cannot be had.
+test-slurm: $(STAMP)
+	command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null || { \
+		apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+		slurmctld slurmd slurm-client munge; }
+	PYC10D_REQUIRE_SLURM=1 $(PY) -m pytest tests/testing/test_slurm.py -p no:cacheprovider --durations=0
+
+# A real Ray cluster in namespace hosts (pyc10d/testing/raycluster.py), Ray in its own venv
+# beside torch pinned as for make venv (Ray Train's workers import torch from it).
+RAY_VENV ?= .venv-ray
+RAY ?= 2.60.0
+test-ray:
+	test -x $(RAY_VENV)/bin/python || $(PYTHON) -m venv $(RAY_VENV)
+	$(RAY_VENV)/bin/pip install -q --no-compile torch==$(TORCH)
+	$(RAY_VENV)/bin/pip install -q --no-compile -e . 'ray[train]==$(RAY)' matplotlib
+	$(RAY_VENV)/bin/python -m pyc10d.testing.raycluster
 
 # Not part of `make test` (tests/integrations/test_torchft.py runs the selection once on pyc10d).
 test-torchft: $(STAMP)

@@ -226,6 +226,10 @@ WORLDS_TIMEOUT = _declare(
     "PYC10D_WORLDS_TIMEOUT", "float", 60.0, _TEST, "60 (`make test-worlds`: 1,800)",
     "per-test limit, in seconds, of the conformance runs above 4 ranks (a launch of 33 processes on 2 "
     "cores takes minutes)", unit="seconds")
+REQUIRE_SLURM = _declare(
+    "PYC10D_REQUIRE_SLURM", "flag", False, _TEST, "unset (`make test-slurm`: 1)",
+    "`1`: the Slurm tests (`tests/testing/test_slurm.py`) fail where Slurm or namespace hosts cannot be had, "
+    "instead of skipping")
 EXIT_TRIALS = _declare(
     "PYC10D_EXIT_TRIALS", "int", 1, _TEST, "1, `fork` (`make exit-trials`: 50, and `exec` too)",
     "runs of each program that ends right after its last collective (`tests/test_threads.py`), and how "

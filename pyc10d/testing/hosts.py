@@ -14,7 +14,11 @@ stack, hostname, ``/dev/shm`` and processes. ``Hosts(n)`` makes n of them:
   ``lo`` keeps 127.0.0.1 and ::1, as on any IPv6-only machine;
 * processes started with ``Host.spawn`` run in the host's network namespace and, through
   ``unshare``, in a UTS namespace (``hostname`` is the host's name), a mount namespace with
-  a private tmpfs on ``/dev/shm`` and a PID namespace. One ``spawn`` is one PID namespace:
+  a private tmpfs on ``/dev/shm`` and an ``/etc/hosts`` that names every host (``h0``,
+  ``h1``, ...: names resolve as on a cluster with DNS), and a PID namespace. The rest of the
+  file system (``/tmp``, ``/run``) is the machine's, shared as a cluster's network file
+  system would be, and so are ``/sys`` and its cgroups (``nsenter`` enters the network
+  namespace: ``ip netns exec`` would mount a ``/sys`` without them, where slurmd cannot start). One ``spawn`` is one PID namespace:
   start every process of a host from one spawn (a launcher) so they share ``/dev/shm``, and
   ``Host.kill()`` SIGKILLs that whole namespace at once (``--kill-child``) as a power cut would.
 
@@ -34,6 +38,8 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,12 +48,14 @@ from ..run import _die_with_parent
 SUBNET = "10.213.0"
 SUBNET6 = "fd00:213::"
 _COUNTER = itertools.count()
-# Inside the new namespaces: a private /dev/shm and the host's name, then the command.
-_ENTER = 'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname "$0" && exec "$@"'
+# Inside the new namespaces: a private /dev/shm, the host's name and the hosts' names
+# ($1: the hosts file), then the command.
+_ENTER = ('mount -t tmpfs -o mode=1777 tmpfs /dev/shm && hostname "$0" && mount --bind "$1" /etc/hosts '
+          '&& shift && exec "$@"')
 
 
 _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWPID, _CLONE_NEWNET = 0x20000, 0x4000000, 0x20000000, 0x40000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -85,7 +93,7 @@ def unavailable_reason() -> str | None:
     """Why ``Hosts`` cannot work here (not root, tools missing), or None when it can."""
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
-    for tool in ("ip", "unshare", "tc"):
+    for tool in ("ip", "nsenter", "unshare", "tc"):
         if shutil.which(tool) is None:
             return f"needs the {tool!r} command"
     probe = f"pyc10d-probe-{os.getpid()}-{next(_COUNTER)}"
@@ -100,8 +108,10 @@ class Host:
     """One namespace host: ``name`` (its hostname), ``addr`` (its address; ``addrs``: one
     per interface of ``ifaces``), ``netns``."""
 
-    def __init__(self, index: int, netns: str, links: int = 1, ipv6_only: bool = False) -> None:
+    def __init__(self, index: int, netns: str, links: int = 1, ipv6_only: bool = False,
+                 hosts_file: str = "/etc/hosts") -> None:
         self.index = index
+        self.hosts_file = hosts_file
         self.name = f"h{index}"
         self.netns = netns
         self.ifaces = [f"eth{j}" for j in range(links)]
@@ -112,12 +122,30 @@ class Host:
 
     def command(self, argv: Sequence[str]) -> list[str]:
         """``argv`` wrapped to run on this host (own network, hostname, /dev/shm, pids)."""
-        return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "--mount", "--pid", "--fork",
-                "--kill-child", "--mount-proc", "sh", "-c", _ENTER, self.name, *argv]
+        return ["nsenter", f"--net=/var/run/netns/{self.netns}", "unshare", "--uts", "--mount", "--pid",
+                "--fork", "--kill-child", "--mount-proc", "sh", "-c", _ENTER, self.name, self.hosts_file, *argv]
 
     def spawn(self, argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
         """Start ``argv`` on this host (``popen``: ``subprocess.Popen``'s keywords)."""
         proc = subprocess.Popen(self.command(argv), **popen)
+        self.procs.append(proc)
+        return proc
+
+    def spawn_into(self, into: subprocess.Popen[Any], argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
+        """Start ``argv`` inside the namespaces of ``into``, a running ``spawn`` of this host:
+        the same ``/dev/shm`` and PIDs as its processes (a Ray driver beside its node's
+        raylet), where a plain ``spawn`` would start a namespace of its own."""
+        deadline = time.monotonic() + 10
+        while True:  # unshare's child, PID 1 of the host's namespaces, once it has forked
+            with open(f"/proc/{into.pid}/task/{into.pid}/children") as f:
+                first = f.read().split()
+            if first:
+                break
+            if into.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"spawn_into: {list(into.args)[-1]!r} on {self.name} is not running")
+            time.sleep(0.01)
+        proc = subprocess.Popen(["nsenter", f"--target={first[0]}", "--net", "--uts", "--mount", "--pid", "--",
+                                 *argv], **popen)
         self.procs.append(proc)
         return proc
 
@@ -154,6 +182,7 @@ class Host:
         _sys("mount", b"proc", b"/proc", b"proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, None)
         name = self.name.encode()
         _sys("sethostname", name, len(name))
+        _sys("mount", self.hosts_file.encode(), b"/etc/hosts", None, _MS_BIND, None)
         out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(out, 1)
         os.dup2(out, 2)
@@ -196,7 +225,14 @@ class Hosts:
         tag = f"pyc10d-{os.getpid()}-{next(_COUNTER)}"
         self.switch = f"{tag}-sw"
         self.ipv6_only = ipv6_only
-        self.hosts = [Host(i, f"{tag}-h{i}", links, ipv6_only) for i in range(n)]
+        self._dir = tempfile.mkdtemp(prefix=f"{tag}-")
+        hosts_file = os.path.join(self._dir, "hosts")
+        self.hosts = [Host(i, f"{tag}-h{i}", links, ipv6_only, hosts_file) for i in range(n)]
+        with open("/etc/hosts") as f:
+            machine = f.read()
+        with open(hosts_file, "w") as f:  # the machine's names, then the hosts'
+            f.write(machine.rstrip("\n") + "\n" + "".join(f"{h.addr} {h.name}\n" for h in self.hosts))
+        os.chmod(self._dir, 0o755)
         self._namespaces: list[str] = []
         atexit.register(self.close)
         try:
@@ -276,6 +312,7 @@ class Hosts:
             h.kill()
         while self._namespaces:
             _ip("netns", "delete", self._namespaces.pop(), check=False)
+        shutil.rmtree(self._dir, ignore_errors=True)
         atexit.unregister(self.close)
 
 

@@ -1,0 +1,126 @@
+"""pyc10d under a real Slurm cluster (``pyc10d.testing.slurm``: slurmctld and one slurmd per
+namespace host, 2 nodes of 2 CPUs; ``make test-slurm`` installs Slurm and runs this file).
+
+* ``examples/slurm/ddp.py``, a torch.distributed DDP script as Slurm users write one (rank
+  from ``SLURM_PROCID``, the store's address exported by the batch script), unchanged on
+  ``init_process_group("pyc10d")`` and ``"gloo"``, through ``srun -N 2 --ntasks-per-node 2``
+  and through ``sbatch examples/slurm/job.sbatch``: losses and parameters equal to the same
+  training done in one process (``tiny_ddp.reference``), on both backends (one job per test: a
+  job of four ranks, each importing torch, is ~10 s on 2 cores);
+* pyc10d's own API (``examples/slurm/api.py``) under srun with no variable set by hand: ranks
+  placed by Slurm, the store where launch_env says, hier across the two nodes;
+* a node lost mid-job (its link cut, then slurmd and its tasks killed): the survivors name
+  the lost ranks within the silent-peer bound (``PYC10D_PEER_TIMEOUT_S``).
+
+Skips only where Slurm or namespace hosts cannot be had (``PYC10D_REQUIRE_SLURM=1``, as
+make test-slurm sets, turns that into a failure). ``make test`` runs the API case when Slurm
+is installed; the others are marked full.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from _clock import bound
+
+from pyc10d import settings
+from pyc10d.testing import clients, slurm, tiny_ddp
+from pyc10d.testing.hosts import Hosts
+
+_WHY_NOT = slurm.unavailable_reason()
+if _WHY_NOT is not None and settings.REQUIRE_SLURM.get():
+    raise RuntimeError(f"PYC10D_REQUIRE_SLURM=1 but {_WHY_NOT}")
+pytestmark = [pytest.mark.skipif(_WHY_NOT is not None, reason=f"Slurm: {_WHY_NOT}"), pytest.mark.interpreters,
+              pytest.mark.timeout(55)]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "slurm"
+PEER_TIMEOUT_S = 3.0
+_PORTS = itertools.count(29610)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> slurm.Cluster:
+    with Hosts(2) as hs, slurm.Cluster(hs) as c:
+        yield c
+
+
+def _srun(*argv: str) -> list[str]:
+    return ["srun", "--nodes=2", "--ntasks-per-node=2", "--kill-on-bad-exit=1", *argv]
+
+
+def _check(proc: subprocess.CompletedProcess[str], what: str, cluster: slurm.Cluster) -> None:
+    assert proc.returncode == 0, f"{what}: exit {proc.returncode}\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}\n{cluster.logs()}"
+
+
+def _ddp(cluster: slurm.Cluster, backend: str, out: Path, sbatch: bool) -> dict:
+    script = [sys.executable, str(EXAMPLES / "ddp.py"), "--backend", backend, "--out", str(out)]
+    port = {"MASTER_PORT": str(next(_PORTS))}
+    if sbatch:  # the batch script finds MASTER_ADDR itself, as users' scripts do
+        proc = cluster.batch([str(EXAMPLES / "job.sbatch"), *script], out.with_suffix(".log"), timeout=45, env=port)
+    else:
+        proc = cluster.run(_srun(*script), timeout=45, env={**port, "MASTER_ADDR": cluster.hosts[0].name})
+    _check(proc, f"{'sbatch' if sbatch else 'srun'} ddp.py on {backend}", cluster)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.full
+@pytest.mark.parametrize(("launch", "backend"), [("srun", "pyc10d"), ("sbatch", "pyc10d"), ("srun", "gloo")])
+def test_torch_script_unchanged(cluster: slurm.Cluster, tmp_path: Path, launch: str, backend: str) -> None:
+    got = _ddp(cluster, backend, tmp_path / f"{backend}.json", launch == "sbatch")
+    assert got["hosts"] == ["h0", "h0", "h1", "h1"], got  # Slurm's block distribution over two nodes
+    assert got["group"] == backend
+    problems = clients.compare(f"ddp.py under {launch}", {**got, "group": "pyc10d"}, tiny_ddp.reference(4))
+    assert problems == [], problems
+
+
+def test_api_with_nothing_set(cluster: slurm.Cluster, tmp_path: Path) -> None:
+    proc = cluster.run(_srun(sys.executable, str(EXAMPLES / "api.py"), str(tmp_path)), timeout=45)
+    _check(proc, "srun api.py", cluster)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    assert [r["host"] for r in ranks] == ["h0", "h0", "h1", "h1"]
+    assert [r["local_rank"] for r in ranks] == [0, 1, 0, 1]
+    assert all(r["world"] == 4 and r["sum"] == 10.0 and r["backend"] == "hier" for r in ranks), ranks
+
+
+@pytest.mark.full
+def test_node_lost_mid_job(cluster: slurm.Cluster, tmp_path: Path) -> None:
+    env = {"PYC10D_PEER_TIMEOUT_S": str(PEER_TIMEOUT_S)}
+    job = cluster.spawn(["srun", "--nodes=2", "--ntasks-per-node=2", sys.executable, str(EXAMPLES / "api.py"),
+                         str(tmp_path), "--loop"], env=env, stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lost = cluster.hosts[1]
+    try:
+        deadline = time.monotonic() + 40
+        while not all((tmp_path / f"ready{r}").exists() for r in range(4)):
+            assert job.poll() is None and time.monotonic() < deadline, f"ranks never got going\n{cluster.logs()}"
+            time.sleep(0.05)
+        # A power cut: the link goes silent first (no FIN, no RST reaches h0), then the node's
+        # slurmd and tasks die.
+        lost.exec("ip", "link", "set", lost.iface, "down")
+        since = time.time()
+        lost.kill()
+        failed = {}
+        limit = time.monotonic() + bound(PEER_TIMEOUT_S * 1.25 + 3.0) + 5
+        while len(failed) < 2 and time.monotonic() < limit:
+            failed = {r: json.loads(p.read_text()) for r in (0, 1) if (p := tmp_path / f"failed{r}.json").exists()}
+            time.sleep(0.05)
+        assert sorted(failed) == [0, 1], f"survivors that failed: {sorted(failed)}\n{cluster.logs()}"
+        for r, f in failed.items():
+            took = f["at"] - since
+            assert took <= bound(PEER_TIMEOUT_S * 1.25 + 3.0), f"rank {r} failed after {took:.1f} s: {f}"
+            assert "rank 2" in f["error"] or "rank 3" in f["error"] or "ranks [2, 3]" in f["error"], f
+            print(f"rank {r} after {took:.2f} s: {f['type']}: {f['error']}")
+    finally:
+        job.kill()
+        job.wait()
+        cluster.run(["scancel", "--full", "--quiet", "--user=root"], timeout=20)
+        lost.procs.clear()
+        lost.exec("ip", "link", "set", lost.iface, "up")
+        cluster.start_node(lost.index)
+        cluster.wait_idle(30)
