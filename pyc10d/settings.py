@@ -103,7 +103,9 @@ SHM_ARENA_BUDGET = _declare(
 BIND = _declare(
     "PYC10D_BIND", "text", "auto", _SHM, "`auto`",
     "`auto`: when a host's ranks connect through shared memory, each gets its own share of the CPUs "
-    "(every thread of the process; never with more ranks than CPUs or than a cgroup quota allows; a "
+    "(every thread of the process; the job's ranks on other hosts of the same kernel, namespace hosts "
+    "or containers of one machine, counted with the host's; never with more ranks than CPUs or than a "
+    "cgroup quota allows; a "
     "rank already confined, or a process running several ranks, is left alone), which removed a 2-3x "
     "slow mode of large collectives ([performance.md](performance.md#two-speeds-decided-at-start-up-and-placing-the-ranks-2026-11-27)); "
     "a placed rank gives its placement up once other processes use a CPU's worth of the host's time "

@@ -124,6 +124,7 @@ def _rank(case: str, out: str, master: str, ws: int, rank: int, backend: str, fa
 
             test_conformance.dist = _TorchAPI()
         report["backend"] = api.get_backend()
+        report["affinity"] = sorted(os.sched_getaffinity(0))  # placement, before the watch may undo it
         if case == "families":
             report["count"] = _families(rank, ws, families)
         elif case == "stream":

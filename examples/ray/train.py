@@ -16,35 +16,21 @@ import sys
 import tempfile
 
 import ray
-import torch
 import torch.distributed as dist
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchConfig, TorchTrainer
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def train(config: dict) -> None:
     from pyc10d.testing import tiny_ddp
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    net = DDP(tiny_ddp.model())
-    opt = torch.optim.SGD(net.parameters(), lr=tiny_ddp.LR)
-    gen = tiny_ddp.batches(rank)
-    losses = []
-    for _ in range(tiny_ddp.STEPS):
-        loss = tiny_ddp.loss_of(net, gen)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
-        losses.append(mean.item() / world)
+    result = tiny_ddp.train(rank, world)
     hosts = [None] * world
     dist.all_gather_object(hosts, socket.gethostname())
     if rank == 0:
         with open(config["out"], "w") as f:
-            json.dump({"losses": losses, "checksum": tiny_ddp.checksum(net), "group": dist.get_backend(),
-                       "hosts": hosts, "backend": config["backend"]}, f)
+            json.dump({**result, "group": dist.get_backend(), "hosts": hosts, "backend": config["backend"]}, f)
 
 
 def main() -> None:

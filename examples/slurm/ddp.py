@@ -4,7 +4,7 @@ command line (``pyc10d`` through torch.distributed, or ``gloo`` for the referenc
 Rank and world size come from srun's ``SLURM_PROCID`` / ``SLURM_NTASKS``; the store's address
 from ``MASTER_ADDR`` / ``MASTER_PORT``, which the batch script exports (``job.sbatch``: the
 first node of the allocation). ``srun -N 2 --ntasks-per-node 2 python ddp.py --backend pyc10d
---out f.json``: the small seeded training of ``pyc10d.testing.tiny_ddp``; rank 0 writes every
+--out f.json``: the small seeded DDP training of ``pyc10d.testing.tiny_ddp``; rank 0 writes every
 step's mean loss, a checksum of the parameters, the group's backend as torch names it, and
 each rank's host.
 """
@@ -16,9 +16,7 @@ import json
 import os
 import socket
 
-import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from pyc10d.testing import tiny_ddp
 
@@ -30,24 +28,12 @@ def main() -> None:
     args = ap.parse_args()
     rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
     dist.init_process_group(args.backend, rank=rank, world_size=world)
-    net = DDP(tiny_ddp.model())
-    opt = torch.optim.SGD(net.parameters(), lr=tiny_ddp.LR)
-    gen = tiny_ddp.batches(rank)
-    losses = []
-    for _ in range(tiny_ddp.STEPS):
-        loss = tiny_ddp.loss_of(net, gen)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
-        losses.append(mean.item() / world)
+    result = tiny_ddp.train(rank, world)
     hosts = [None] * world
     dist.all_gather_object(hosts, socket.gethostname())
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"backend": args.backend, "losses": losses, "checksum": tiny_ddp.checksum(net),
-                       "group": dist.get_backend(), "hosts": hosts}, f)
+            json.dump({**result, "backend": args.backend, "group": dist.get_backend(), "hosts": hosts}, f)
     dist.destroy_process_group()
 
 

@@ -388,7 +388,10 @@ def create_hier(
     j = layout.host_of(rank)
     try:
         def make_local(members: tuple[int, ...], index: int, name: str) -> Engine:
-            return shm.ShmBackend.create(PrefixStore(f"hier/local{j}/", store), index, len(members), timeout, name)
+            # placed among every rank on this machine's kernel: two namespace hosts (or
+            # containers) of one machine placing their ranks apart would pin them together
+            return shm.ShmBackend.create(PrefixStore(f"hier/local{j}/", store), index, len(members), timeout, name,
+                                         place_as=layout.kernel_slot(rank))
 
         return compose(transport, list(range(size)), rank, group_name, Options(timeout), layout, make_local,
                        owns_transport=True)

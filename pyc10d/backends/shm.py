@@ -85,12 +85,15 @@ class ShmBackend(Engine):
         self._lane_check_bytes = SYMMETRIC_MIN_BYTES
 
     @classmethod
-    def create(cls, store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> ShmBackend:
+    def create(cls, store: Store, rank: int, size: int, timeout: timedelta, group_name: str,
+               place_as: tuple[int, int] | None = None) -> ShmBackend:
+        """``place_as``: this rank's index among the job's ranks on this machine's kernel and
+        their number, where other hosts of the job share it (hier: ``kernel_slot``)."""
         transport = ShmTransport(store, rank, size, timeout)
         # Each rank of the host on CPUs of its own (``cpus.place``; ``PYC10D_BIND=none`` not):
         # left to the kernel, some jobs ran large collectives at half speed throughout.
         ref = weakref.ref(transport)
-        mine = cpus.place(rank, size, transport.pids,
+        mine = cpus.place(*(place_as or (rank, size)), transport.pids,
                           alive=lambda: (t := ref()) is not None and not t.closed)
         if mine is not None and torch.get_num_threads() > len(mine):
             torch.set_num_threads(len(mine))  # (torch sized its pool for the whole machine)

@@ -21,12 +21,21 @@ def hostname_of(identity: str) -> str:
     return identity.split("/", 1)[0]
 
 
+def kernel_of(identity: str) -> str:
+    """The kernel (boot id) inside a ``host_identity()`` string: hosts that are containers or
+    network namespaces of one machine differ in name and ``/dev/shm`` but share it, and its CPUs."""
+    parts = identity.split("/")
+    return parts[1] if len(parts) == 3 and not identity.startswith("no-shm:") else identity
+
+
 @dataclass(frozen=True)
 class HostLayout:
-    """``hosts[j]``: the group ranks on host j; ``names[j]``: its hostname."""
+    """``hosts[j]``: the group ranks on host j; ``names[j]``: its hostname; ``kernels[j]``: the
+    kernel it runs on (empty: each host its own)."""
 
     hosts: tuple[tuple[int, ...], ...]
     names: tuple[str, ...]
+    kernels: tuple[str, ...] = ()
 
     @classmethod
     def from_identities(cls, identities: list[str]) -> HostLayout:
@@ -35,7 +44,17 @@ class HostLayout:
         for rank, ident in enumerate(identities):
             by_host.setdefault(ident, []).append(rank)
         ordered = sorted(by_host.items(), key=lambda kv: kv[1][0])
-        return cls(tuple(tuple(r) for _, r in ordered), tuple(hostname_of(i) for i, _ in ordered))
+        return cls(tuple(tuple(r) for _, r in ordered), tuple(hostname_of(i) for i, _ in ordered),
+                   tuple(kernel_of(i) for i, _ in ordered))
+
+    def kernel_slot(self, rank: int) -> tuple[int, int]:
+        """``rank``'s index among the group's ranks on its host's kernel, and their number:
+        what CPU placement must count, since hosts that share a kernel share its CPUs."""
+        j = self.host_of(rank)
+        if not self.kernels:
+            return self.local_index(rank), len(self.hosts[j])
+        same = sorted(r for k, h in enumerate(self.hosts) if self.kernels[k] == self.kernels[j] for r in h)
+        return same.index(rank), len(same)
 
     @property
     def size(self) -> int:
@@ -75,14 +94,16 @@ class HostLayout:
     def subset(self, ranks: list[int]) -> HostLayout:
         """The layout of the subgroup made of ``ranks`` (its ranks renumbered 0..k-1)."""
         where = {r: i for i, r in enumerate(ranks)}
-        hosts, names = [], []
-        for h, name in zip(self.hosts, self.names):
+        hosts, names, kernels = [], [], []
+        for j, (h, name) in enumerate(zip(self.hosts, self.names)):
             members = sorted(where[r] for r in h if r in where)
             if members:
                 hosts.append(tuple(members))
                 names.append(name)
+                kernels.append(self.kernels[j] if self.kernels else str(j))
         order = sorted(range(len(hosts)), key=lambda j: hosts[j][0])
-        return HostLayout(tuple(hosts[j] for j in order), tuple(names[j] for j in order))
+        return HostLayout(tuple(hosts[j] for j in order), tuple(names[j] for j in order),
+                          tuple(kernels[j] for j in order))
 
     def describe_lost(self, dead: set[int]) -> str:
         """``"host 'h1' (ranks 2, 3)"`` for every host with a dead rank; a partly dead host

@@ -103,7 +103,7 @@ def _shape(hosts: Any, delay_ms: float | None, rate: str | None) -> dict[str, An
     return shaping
 
 
-def _run(hosts: Any, backend: str, world: int, per_host: int, sizes: list[int], scale: float, port: int,
+def run_hosts(hosts: Any, backend: str, world: int, per_host: int, sizes: list[int], scale: float, port: int,
          tmp: Path) -> dict[str, Any]:
     """One run of ``backend``: a host worker per host, forked from this process into the host
     (torch is imported here already: a fresh interpreter per host and run cost ~2.5 s of CPU
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(args.rounds):
             for backend in runs:
                 port += 1
-                runs[backend].append(_run(hosts, backend, world, args.ranks_per_host, sizes, args.scale, port,
+                runs[backend].append(run_hosts(hosts, backend, world, args.ranks_per_host, sizes, args.scale, port,
                                           Path(tmp)))
     best = {b: [min((r["rows"][i] for r in rs), key=lambda row: row["seconds"]) for i in range(len(sizes))]
             for b, rs in runs.items()}

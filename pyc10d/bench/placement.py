@@ -8,7 +8,10 @@ alternated within every round:
   (``pyc10d.run`` each, timing from the same instant: ``bench.worker --start-at``);
 * ``quota 1 CPU``: one 2-rank job in a cgroup whose quota is one CPU of time
   (``bench.quota``; the host has more);
-* ``4 ranks``: one 4-rank job (more ranks than this 2-CPU host has CPUs).
+* ``4 ranks``: one 4-rank job (more ranks than this 2-CPU host has CPUs);
+* ``2 hosts``: one job of two namespace hosts x 2 ranks (``pyc10d.testing.hosts``, needs
+  root; ``bench.multihost``'s loop, unshaped links) on this host's CPUs: pyc10d's ``auto``
+  (hier), whose two hosts' placements know nothing of each other, and Gloo.
 
 Each job times all_reduce (float32, SUM) of ``--sizes``, loops of K calls back to back / K,
 the slower rank's, every result checked from poisoned outputs (``bench.worker``). A case's
@@ -30,12 +33,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pyc10d import settings
 from pyc10d.bench.launch import finish_job, free_port
 from pyc10d.bench.quota import QuotaUnavailable, cpu_quota_group
 from pyc10d.bench.report import cli_args, finish, pyplot
 
 CASES = {"1 job": (1, 2, None), "2 jobs": (2, 2, None), "3 jobs": (3, 2, None),
-         "quota 1 CPU": (1, 2, 1.0), "4 ranks": (1, 4, None)}
+         "quota 1 CPU": (1, 2, 1.0), "4 ranks": (1, 4, None), "2 hosts": (1, 4, None)}
 CONFIGS = {"default": ("pyc10d-shm", "auto"), "none": ("pyc10d-shm", "none"), "gloo": ("gloo", "auto")}
 
 
@@ -51,8 +55,36 @@ def _start(backend: str, bind: str, ranks: int, sizes: list[int], iters: int, st
     return subprocess.Popen(cmd, env=env, preexec_fn=preexec, stdout=subprocess.DEVNULL, cwd=tree or None)
 
 
+def _two_hosts(config: str, sizes: list[int], tmp: Path) -> dict[int, dict[str, float]] | str:
+    """The ``2 hosts`` case: multihost's loop (a figure per size, so worst = median)."""
+    from pyc10d.bench.multihost import run_hosts
+    from pyc10d.testing.hosts import Hosts, unavailable_reason
+
+    why = unavailable_reason()
+    if why is not None or config == "compared":
+        return f"namespace hosts: {why or 'not with --compare-tree'}"
+    backend, bind = CONFIGS[config]
+    name = settings.BIND.name
+    before = os.environ.get(name)
+    os.environ[name] = bind  # (the hosts' ranks are forked with this environment)
+    try:
+        with Hosts(2) as hosts:
+            got = run_hosts(hosts, "gloo" if backend == "gloo" else "auto", 4, 2, sizes, 1.0,
+                            free_port(), tmp)
+    except RuntimeError as e:
+        return str(e)
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+    return {row["bytes"]: {"us": row["seconds"] * 1e6, "worst_us": row["seconds"] * 1e6} for row in got["rows"]}
+
+
 def run_case(case: str, config: str, args: argparse.Namespace, tmp: Path) -> dict[int, dict[str, float]] | str:
     """{bytes: {"us": slowest job's median, "worst_us": slowest loop}}, or why there is none."""
+    if case == "2 hosts":
+        return _two_hosts(config, args.sizes, tmp)
     jobs, ranks, quota = CASES[case]
     backend, bind = CONFIGS.get(config, CONFIGS["default"])
     tree = args.compare_tree if config == "compared" else None

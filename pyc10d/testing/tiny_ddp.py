@@ -34,6 +34,27 @@ def checksum(net: nn.Module) -> float:
     return sum(p.double().sum().item() for p in net.parameters())
 
 
+def train(rank: int, world: int, steps: int = STEPS) -> dict:
+    """The training with torch's DDP over torch.distributed's default group (initialised
+    already, on any backend): each step's loss averaged over the ranks, and the checksum."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    net = DistributedDataParallel(model())
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    gen = batches(rank)
+    losses = []
+    for _ in range(steps):
+        loss = loss_of(net, gen)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        losses.append(total.item() / world)
+    return {"losses": losses, "checksum": checksum(net)}
+
+
 def reference(world: int, steps: int = STEPS) -> dict:
     """The losses (mean over ranks, per step) and parameter checksum of ``world`` ranks."""
     net = model()

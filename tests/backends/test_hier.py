@@ -71,3 +71,17 @@ def test_layout_math() -> None:
     assert sub.hosts == ((0, 2), (1,)) and sub.names == ("a", "b")
     assert lay.describe_lost({1, 3, 4}) == "host 'a' (ranks 1, 3); host 'c' (rank 4)"
     assert lay.describe_lost({2}) == "rank 2 of host 'b'"
+
+
+def test_hosts_of_one_kernel_are_placed_as_one() -> None:
+    """Namespace hosts (or containers) of one machine: hosts apart, one kernel and its CPUs;
+    placement counts every rank on the kernel (two hosts placing their ranks apart pinned
+    them onto the same CPUs: performance.md, "Placement on a shared host")."""
+    lay = HostLayout.from_identities(["h0/boot1/5", "h0/boot1/5", "h1/boot1/6", "h1/boot1/6", "h2/boot2/5"])
+    assert lay.hosts == ((0, 1), (2, 3), (4,)) and lay.kernels == ("boot1", "boot1", "boot2")
+    assert [lay.kernel_slot(r) for r in range(5)] == [(0, 4), (1, 4), (2, 4), (3, 4), (0, 1)]
+    assert [lay.local_index(r) for r in range(4)] == [0, 1, 0, 1]  # (what it placed by before)
+    sub = lay.subset([0, 2, 4])
+    assert sub.kernels == ("boot1", "boot1", "boot2") and sub.kernel_slot(1) == (1, 2)
+    apart = HostLayout.from_identities(["a/k1/1", "a/k1/1", "b/k2/1", "b/k2/1"])
+    assert [apart.kernel_slot(r) for r in range(4)] == [(0, 2), (1, 2), (0, 2), (1, 2)]

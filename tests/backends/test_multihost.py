@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -125,6 +126,12 @@ def test_two_hosts_of_two(hosts: Hosts, port: int, tmp_path: Path, backend: str,
     """Every collective on 2 hosts x 2 ranks; ``auto`` must have chosen hierarchical."""
     reports = _run(hosts, [0, 0, 1, 1], backend, GROUPS[group], tmp_path, timeout=35, port=port)
     _check(reports, "hier" if backend == "auto" else "tcp")
+    # The two hosts share this machine's CPUs: no two ranks may be pinned onto the same ones
+    # (each host placing its own ranks apart pinned h0's and h1's onto the same CPUs).
+    machine = sorted(os.sched_getaffinity(0))
+    placed = [set(rep["affinity"]) for rep in reports.values() if rep["affinity"] != machine]
+    assert all(not (a & b) for i, a in enumerate(placed) for b in placed[i + 1:]), \
+        {r: rep["affinity"] for r, rep in reports.items()}
 
 
 @pytest.mark.timeout(45)
