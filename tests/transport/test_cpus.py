@@ -21,6 +21,13 @@ pytestmark = [pytest.mark.timeout(30),
               pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to place ranks on")]
 
 
+@pytest.fixture(autouse=True)
+def _own_register(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A register of pyc10d processes of these tests' own: the suite's other workers run shm
+    jobs beside them, whose lines would unplace the ranks under test at once."""
+    monkeypatch.setattr(cpus, "register_path", lambda: str(tmp_path / "register"))
+
+
 def _in_child(fn: Callable[[], Any], env: dict[str, str] | None = None) -> Any:
     recv, send = FORK.Pipe(duplex=False)
 
@@ -251,3 +258,65 @@ def _watcher_gone_after_destroy(rank: int, world: int) -> tuple[bool, bool]:
 def test_the_watch_ends_with_the_last_shm_group() -> None:
     for during, after in run_ranks("shm", 2, _watcher_gone_after_destroy, timeout=30):
         assert during and not after, (during, after)
+
+
+def _unplaced_by_the_register() -> tuple[list[int], list[int], float, list[str], list[str], int]:
+    both = _two_cpus()
+    cpus.WATCH_S = 0.2
+    mine = cpus.place(0, 2)
+    assert mine is not None and sorted(os.sched_getaffinity(0)) == mine
+    time.sleep(0.5)  # a few looks: alone on the host, the rank stays placed
+    assert sorted(os.sched_getaffinity(0)) == mine
+    with open(cpus.register_path()) as f:
+        enrolled = f.read().split()
+    other = FORK.Process(target=time.sleep, args=(10,))  # another job's rank, idle: no CPU used
+    other.start()
+    try:
+        with open(cpus.register_path(), "a") as f:
+            f.write(f"{other.pid} {cpus._started(other.pid)}\n")
+        t0 = time.monotonic()
+        while sorted(os.sched_getaffinity(0)) != both and time.monotonic() - t0 < 5:
+            time.sleep(0.02)
+        took = time.monotonic() - t0
+    finally:
+        other.kill()
+        other.join()
+    with open(cpus.register_path()) as f:
+        after = f.read().split()
+    return both, sorted(os.sched_getaffinity(0)), took, enrolled, after, os.getpid()
+
+
+def test_another_jobs_process_in_the_register_unplaces_at_the_next_look() -> None:
+    """Two jobs started together sleep until their first collective: pinned meanwhile, both
+    ran it on the same CPUs (placement table, 2 jobs). The register (/dev/shm) tells a
+    rank another job is on the host before that job uses any CPU."""
+    both, after, took, enrolled, later, child = _in_child(_unplaced_by_the_register)
+    assert len(enrolled) == 2 and enrolled[0] == str(child), enrolled  # its pid and start time
+    assert after == both, "still pinned with another job's live process in the register"
+    assert took < 1.5, took
+    assert len(later) == 4, later  # the child's line and the other's (dropped when a process enrols)
+
+
+def test_the_register_drops_ended_processes_and_a_process_leaves_when_its_watch_ends() -> None:
+    def run() -> tuple[list[str], list[str]]:
+        _two_cpus()
+        dead = FORK.Process(target=lambda: None)
+        dead.start()
+        dead.join()
+        with open(cpus.register_path(), "w") as f:
+            f.write(f"{dead.pid} 12345\n999999999 1\n")
+        alive = [True]
+        cpus.place(0, 2, alive=lambda: alive[0])
+        time.sleep(0.3)
+        with open(cpus.register_path()) as f:
+            during = f.read().split()
+        alive[0] = False
+        deadline = time.monotonic() + 5
+        while any(t.name == "pyc10d-placement" for t in threading.enumerate()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with open(cpus.register_path()) as f:
+            return during, f.read().split()
+
+    during, after = _in_child(run)
+    assert len(during) == 2 and during[1] != "12345", during  # only the child itself
+    assert after == [], after
