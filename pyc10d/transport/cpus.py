@@ -335,12 +335,12 @@ def other_jobs(own: list[int]) -> list[int]:
 def _watch() -> None:
     """Every shm rank's watch for other jobs on its host: once the register names another
     job's live process, or others have used ``OTHERS_CPUS`` or more in two looks in a row
-    (another job, or the host runs something busy), a placed rank's threads go back to the whole affinity set, and every
-    wait policy of the process turns to the one for ranks sharing CPUs (yield while
-    spinning, short spins): pinned ranks cannot move away from the other job's, and ranks
-    that spin hold CPUs the ranks they wait for need (measured: performance.md, "Placement on
-    a shared host"). Neither is taken back when the others go. It ends with the last group
-    it watches for (no pyc10d thread outlives the groups)."""
+    (another job, or the host runs something busy), a placed rank's threads go back to the
+    whole affinity set, and every wait policy of the process turns to the one for ranks
+    sharing CPUs (yield while spinning, short spins): pinned ranks cannot move away from the
+    other job's, and ranks that spin hold CPUs the ranks they wait for need (measured:
+    performance.md, "Placement on a shared host"). Neither is taken back when the others go.
+    It ends with the last group it watches for (no pyc10d thread outlives the groups)."""
     global _placed, host_shared, _watching
     busy = 0
     while True:
