@@ -263,6 +263,8 @@ def test_the_watch_ends_with_the_last_shm_group() -> None:
 def _unplaced_by_the_register() -> tuple[list[int], list[int], float, list[str], list[str], int]:
     both = _two_cpus()
     cpus.WATCH_S = 0.2
+    # only the register may unplace here: the suite's other workers keep the CPUs busy
+    cpus.others_cpus = lambda own, window_s: (time.sleep(window_s), 0.0)[1]
     mine = cpus.place(0, 2)
     assert mine is not None and sorted(os.sched_getaffinity(0)) == mine
     time.sleep(0.5)  # a few looks: alone on the host, the rank stays placed
@@ -300,6 +302,7 @@ def test_another_jobs_process_in_the_register_unplaces_at_the_next_look() -> Non
 def test_the_register_drops_ended_processes_and_a_process_leaves_when_its_watch_ends() -> None:
     def run() -> tuple[list[str], list[str]]:
         _two_cpus()
+        cpus.others_cpus = lambda own, window_s: (time.sleep(window_s), 0.0)[1]  # (a busy suite beside)
         dead = FORK.Process(target=lambda: None)
         dead.start()
         dead.join()
