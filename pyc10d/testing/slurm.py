@@ -43,6 +43,11 @@ def unavailable_reason() -> str | None:
     return hosts_unavailable()
 
 
+def _launcher_variable(name: str) -> bool:
+    return name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                    "MASTER_PORT") or name.startswith(("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_"))
+
+
 _CONF = """\
 ClusterName=pyc10d
 SlurmctldHost={h0}({addr0})
@@ -83,7 +88,10 @@ class Cluster:
         self.dir = Path(tempfile.mkdtemp(prefix="pyc10d-slurm-"))
         os.chmod(self.dir, 0o755)
         self.conf = self.dir / "slurm.conf"
-        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+        # A user's shell, not this process's: a launcher's variables here (a test that set
+        # WORLD_SIZE, an outer srun) would reach every task and take precedence over srun's.
+        self.env = {k: v for k, v in os.environ.items() if not _launcher_variable(k)}
+        self.env["SLURM_CONF"] = str(self.conf)
         self._daemons: dict[str, Any] = {}
         self._munged: subprocess.Popen[Any] | None = None
         try:
