@@ -50,7 +50,7 @@
 #   make test-slurm  a real Slurm cluster on namespace hosts (slurmctld, a slurmd per host; needs
 #               root, installs Debian's slurm-wlm and munge when missing): a torch DDP script
 #               through srun and sbatch on pyc10d and Gloo, pyc10d's API under srun with nothing
-#               set, a node lost mid-job (tests/testing/test_slurm.py; make test runs two of its cases)
+#               set, a node lost mid-job (tests/testing/test_slurm.py, which make test leaves to it)
 #   make test-ray  a real Ray cluster on namespace hosts (Ray installed into .venv-ray): Ray
 #               Train's TorchTrainer on pyc10d and Gloo, ray.util.collective on pyc10d beside
 #               Ray's Gloo backend (python -m pyc10d.testing.raycluster)

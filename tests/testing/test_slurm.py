@@ -13,8 +13,8 @@ namespace host, 2 nodes of 2 CPUs; ``make test-slurm`` installs Slurm and runs t
   name the lost ranks within the silent-peer bound (``PYC10D_PEER_TIMEOUT_S``).
 
 Skips only where Slurm or namespace hosts cannot be had (``PYC10D_REQUIRE_SLURM=1``, as
-make test-slurm sets, turns that into a failure). ``make test`` runs the API case and srun on
-pyc10d where Slurm is installed; the sbatch, Gloo and lost-node cases are marked full.
+make test-slurm sets, turns that into a failure). ``make test`` leaves this file to ``make
+test-slurm`` (Makefile: its jobs beside the suite pushed other tests over their limits).
 """
 
 from __future__ import annotations
