@@ -101,6 +101,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         reruns.RERUNS.clear()
 
 
+#: A launcher's variables: tests ported from torch's set them in the test process as torch's do
+#: (``RendezvousEnvTest``, ``TestCollectivesWithNCCL``); left there, the next test of the same
+#: xdist worker ran as if launched (a Slurm task given ``RANK`` by a cluster that copied the
+#: worker's environment failed with "environment variable RANK expected": run 35).
+_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT", "BACKEND")
+
+
+@pytest.fixture(autouse=True)
+def _launch_environment_restored() -> Any:
+    """Every test leaves the launcher's variables as it found them."""
+    import os
+
+    saved = {k: os.environ.get(k) for k in _LAUNCH_VARS}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Each documented rerun by name, and their number in pytest's closing line ("N documented
     reruns", which counts this stats key: one entry per rerun, the test's report, since other
