@@ -108,8 +108,10 @@ BIND = _declare(
     "cgroup quota allows; a "
     "rank already confined, or a process running several ranks, is left alone), which removed a 2-3x "
     "slow mode of large collectives ([performance.md](performance.md#two-speeds-decided-at-start-up-and-placing-the-ranks-2026-11-27)); "
-    "a placed rank gives its placement up once other processes use a CPU's worth of the host's time "
-    "for a second ([performance.md](performance.md#placement-on-a-shared-host-2026-11-29)); "
+    "with other pyc10d jobs on the host, each job gets CPUs of its own and its ranks share them (none "
+    "pinned with more jobs than CPUs); a placed rank gives its placement up once processes outside "
+    "pyc10d's jobs use half a CPU's worth of the host's time for a second "
+    "([performance.md](performance.md#placement-on-a-shared-host-2026-11-29)); "
     "`none`: the kernel places them")
 SHM_SPIN_US = _declare(
     "PYC10D_SHM_SPIN_US", "float", None, _SHM, "50 (200 when yielding)",

@@ -154,7 +154,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compare-tree", metavar="DIR",
                    help="also run config 'compared': the default placement of the pyc10d checkout in DIR")
     args = p.parse_args(argv)
-    if args.compare_tree:
+    if args.compare_tree and "compared" not in args.configs:
         args.configs.append("compared")
     return args
 

@@ -126,14 +126,43 @@ def oversubscribed(ranks_on_host: int, cpus: int | None = None) -> bool:
 #: ``PYC10D_BIND``: ``auto`` (default) gives each rank of a host its own share of the CPUs when
 #: its shared-memory transport starts (``place``); ``none`` leaves placement to the kernel.
 BIND_ENV = settings.BIND.name
-_placed: list[int] | None = None
+_placed: list[int] | None = None  # this process's mask while pinned
+_slot: tuple[int, int] | None = None  # (local rank, local size) of a process that may be placed
+_job = 0  # this process's job on the host: the least pid of its ranks there
 _tried = False
+
+
+def share(cpus: list[int], jobs: list[int], job: int, local_rank: int, local_size: int) -> list[int] | None:
+    """The CPUs of ``local_rank`` of job ``job``, with ``jobs`` (their keys, sorted) placed on
+    ``cpus`` together: each job a block of ``len(cpus) // len(jobs)`` CPUs, and inside it each
+    rank a block of its own, or the whole block for every rank of the job where the ranks
+    outnumber it. None where the jobs outnumber the CPUs (the kernel places them).
+
+    Why blocks per job (2 jobs x 2 ranks on 2 CPUs, all_reduce, 10 alternated rounds,
+    docs/performance.md "Placement on a shared host"): left to the kernel, the four ranks
+    often end one rank of each job per CPU, each job then waking its peer across CPUs
+    through the other job's rank: 64 KiB median 150 us, rounds up to 1,228; each job on a
+    CPU of its own: 58 us, every round 53-121."""
+    if job not in jobs or len(jobs) > len(cpus):
+        return None
+    block = len(cpus) // len(jobs)
+    at = jobs.index(job) * block
+    mine = cpus[at:at + block]
+    if local_size > block:
+        return mine
+    each = block // local_size
+    return mine[local_rank * each:(local_rank + 1) * each]
 
 
 def place(local_rank: int, local_size: int, pids: list[int] | None = None,
           alive: Callable[[], bool] | None = None) -> list[int] | None:
-    """Pin every thread of this process to its own share of the CPUs: ``local_rank``'s block of
-    ``len(cpus) // local_size`` CPUs of the affinity set, the first time a host's ranks connect.
+    """Have every thread of this process pinned to its own share of the CPUs (``share``), the
+    first time a host's ranks connect: alone on the host, ``local_rank``'s block of
+    ``len(cpus) // local_size`` CPUs of the affinity set (returned). The pinning is the
+    watch's, at its first look (``WATCH_S`` later): a job that started beside it is in the
+    register by then, and three jobs pinned at once on two CPUs, then unpinned when the third
+    enrolled, had left two of them each on one CPU and the third split across both (64 KiB:
+    2.3x ``PYC10D_BIND=none``'s time; docs/performance.md "Placement on a shared host").
 
     Why (docs/performance.md, "Two speeds decided at start-up"): left to the kernel, two ranks
     that take turns waking each other through a futex were found on one CPU for whole jobs,
@@ -148,18 +177,20 @@ def place(local_rank: int, local_size: int, pids: list[int] | None = None,
     as threads, as torchft's Manager tests run replicas) is never placed: pinning it to the
     first rank's share would put all its ranks on it (seen: two replicas on one of two CPUs).
 
-    Every such group enrols in the host's register of pyc10d processes and watches for other
-    jobs on the host (``_watch``) while ``alive()``. A rank whose host the register shows
-    another job on is not placed: two jobs placed alike pin their ranks onto the same CPUs
-    in a split (one rank of each job per CPU) that outlives the placement, since unpinning
-    leaves the ranks where they are and the load looks balanced (2 jobs x 2 ranks, 1 MiB, 10
-    rounds: 1.38x ``PYC10D_BIND=none``'s time when pinned then unpinned; 1.01 unplaced).
+    Every such group enrols in the host's register of pyc10d processes, under its job (the
+    least pid of its ranks here), and watches it (``_watch``) while ``alive()``: with other
+    jobs in it, the CPUs are shared out by job (``share``), again at every look that finds
+    the jobs changed; pinned apart rank by rank, two jobs' ranks end one of each job per CPU,
+    a split that outlives unpinning (the load looks balanced to the kernel).
     """
-    global _placed, _tried
+    global _tried, _job, _slot
     if pids is not None and pids.count(os.getpid()) > 1:
         return None
     own = sorted(set(pids or []) | {os.getpid()})
     if local_size >= 2:
+        with _watch_lock:
+            if not _job:
+                _job = own[0]
         _rewrite_register(lambda pid, start: pid != os.getpid() and _started(pid) == start, add=True)
         _watch_while(own, alive)
     if _tried:
@@ -173,15 +204,30 @@ def place(local_rank: int, local_size: int, pids: list[int] | None = None,
         return None
     if local_size < 2 or local_size > len(cpus) or not 0 <= local_rank < local_size:
         return None
-    share = len(cpus) // local_size
-    mine = cpus[local_rank * share:(local_rank + 1) * share]
     if local_size > usable_cpus():  # a quota below the affinity set: the ranks share anyway
         return None
-    if other_jobs(own):  # another job's ranks are here already: placed apart, ours would share theirs
-        return None
-    _original[:] = cpus
-    _pin_all(mine)
-    _placed = mine
+    with _watch_lock:
+        if _gave_up:
+            return None
+        _original[:] = cpus
+        _slot = (local_rank, local_size)
+    # Pinned by the watch at its first look (``_watch``), with every job that enrolled by then:
+    # jobs started together are all in the register by then.
+    return share(cpus, [_job], _job, local_rank, local_size)
+
+
+def _repin(jobs: list[int]) -> list[int] | None:
+    """Pin this process to its share with ``jobs`` on the host, or give the whole affinity set
+    back where it has none (caller holds ``_watch_lock``)."""
+    global _placed
+    mine = None if _slot is None else share(_original, jobs, _job, *_slot)
+    if mine is None:
+        if _placed is not None:
+            _pin_all(_original)
+        _placed = None
+    elif mine != _placed:
+        _pin_all(mine)
+        _placed = mine
     return mine
 
 
@@ -244,21 +290,22 @@ def others_cpus(pids: list[int], window_s: float) -> float | None:
     return max(0.0, (busy1 - busy0) - (own1 - own0)) * _TICK_S / window_s
 
 
-#: True once this process saw other processes use the host's CPUs (``_watch``): its ranks
-#: then wait as ranks that outnumber the CPUs do (``oversubscribed``).
+#: True once this process saw another job in the register or other processes use the host's
+#: CPUs (``_watch``): its ranks then wait as ranks that outnumber the CPUs do (``oversubscribed``).
 host_shared = False
 _hooks: list[weakref.ref] = []
 _original: list[int] = []  # the affinity set before placement (its size: the host's CPUs)
 _groups: list[tuple[list[int], Callable[[], bool]]] = []  # (ranks' pids, still there?) watched
-_watch_lock = threading.Lock()
+_watch_lock = threading.RLock()  # (``place`` and the watch re-pin under it)
 _watching = False
+_gave_up = False  # others' load seen: placement and the watch ended for this process
 
 
 def _watch_while(own: list[int], alive: Callable[[], bool] | None) -> None:
     """Watch for other jobs while some group registered here is alive (one thread)."""
     global _watching
     with _watch_lock:
-        if host_shared:
+        if _gave_up:
             return
         _groups.append((own, alive or (lambda: True)))
         if _watching:
@@ -279,8 +326,8 @@ def when_shared(waiter: Any) -> None:
 
 # -- the host's register of pyc10d processes ----------------------------------------------------
 #: One line per process of this user that runs a shm group on this host (its ``/dev/shm``):
-#: ``<pid> <start time>``. Another job's live line tells the watch the host is shared at its
-#: next look, before that job has used any CPU (two jobs started together sleep until their
+#: ``<pid> <start time> <job>``. Another job's live line tells the watch the host is shared at
+#: its next look, before that job has used any CPU (two jobs started together sleep until their
 #: first collective: pinned meanwhile, both ran it on the same CPUs). Lines of ended
 #: processes are dropped when a process enrols; a process leaves it when its watch ends.
 def register_path() -> str:
@@ -296,6 +343,16 @@ def _started(pid: int) -> str | None:
         return None
 
 
+def _lines(text: str) -> list[tuple[int, str, int]]:
+    """(pid, start time, job) of each well-formed line (a line without a job: its own pid's)."""
+    out = []
+    for ln in text.splitlines():
+        f = ln.split()
+        if len(f) in (2, 3) and f[0].isdigit() and (len(f) == 2 or f[2].isdigit()):
+            out.append((int(f[0]), f[1], int(f[2]) if len(f) == 3 else int(f[0])))
+    return out
+
+
 def _rewrite_register(keep: Callable[[int, str], bool], add: bool) -> None:
     """Under the file's lock: keep the lines ``keep(pid, start)`` answers True for, and this
     process's own line when ``add``."""
@@ -308,11 +365,10 @@ def _rewrite_register(keep: Callable[[int, str], bool], add: bool) -> None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         with os.fdopen(os.dup(fd), "r+") as f:
-            lines = [ln.split() for ln in f.read().splitlines()]
-            kept = [f"{p} {t}" for p, t in (ln for ln in lines if len(ln) == 2) if p.isdigit() and keep(int(p), t)]
+            kept = [f"{p} {t} {j}" for p, t, j in _lines(f.read()) if keep(p, t)]
             me = _started(os.getpid())
             if add and me is not None:
-                kept.append(f"{os.getpid()} {me}")
+                kept.append(f"{os.getpid()} {me} {_job or os.getpid()}")
             f.seek(0)
             f.truncate()
             f.write("".join(f"{ln}\n" for ln in kept))
@@ -320,29 +376,31 @@ def _rewrite_register(keep: Callable[[int, str], bool], add: bool) -> None:
         os.close(fd)
 
 
-def other_jobs(own: list[int]) -> list[int]:
-    """Live processes in the register that are not ``own`` (this job's ranks on the host)."""
+def register_jobs() -> tuple[list[int], list[int]]:
+    """The jobs of the register's live processes, this one's among them (sorted), and those
+    processes' pids."""
     try:
         with open(register_path()) as f:
-            lines = [ln.split() for ln in f.read().splitlines()]
+            live = [(p, j) for p, t, j in _lines(f.read()) if _started(p) == t]
     except OSError:
-        return []
-    mine = set(own)
-    return [int(p) for p, t in (ln for ln in lines if len(ln) == 2)
-            if p.isdigit() and int(p) not in mine and _started(int(p)) == t]
+        live = []
+    return sorted({j for _, j in live} | {_job or os.getpid()}), [p for p, _ in live]
 
 
 def _watch() -> None:
-    """Every shm rank's watch for other jobs on its host: once the register names another
-    job's live process, or others have used ``OTHERS_CPUS`` or more in two looks in a row
-    (another job, or the host runs something busy), a placed rank's threads go back to the
-    whole affinity set, and every wait policy of the process turns to the one for ranks
-    sharing CPUs (yield while spinning, short spins): pinned ranks cannot move away from the
-    other job's, and ranks that spin hold CPUs the ranks they wait for need (measured:
-    performance.md, "Placement on a shared host"). Neither is taken back when the others go.
+    """Every shm rank's watch of its host. At each look: the jobs in the register (a change
+    re-pins a placed rank to its share, ``share``; a second job turns every wait policy of
+    the process to the one for ranks sharing CPUs: yield while spinning, short spins), and
+    how much CPU time processes outside the register used. Once those have used
+    ``OTHERS_CPUS`` or more in two looks in a row (a job that is not pyc10d's, or the host
+    runs something busy), a placed rank's threads go back to the whole affinity set for good:
+    pinned ranks cannot move away from another's load, and ranks that spin hold CPUs the
+    ranks they wait for need (measured: performance.md, "Placement on a shared host").
     It ends with the last group it watches for (no pyc10d thread outlives the groups)."""
-    global _placed, host_shared, _watching
+    global _watching, _gave_up, _slot
     busy = 0
+    seen: list[int] = []
+    registered = register_jobs()[1]
     while True:
         with _watch_lock:
             _groups[:] = [g for g in _groups if g[1]()]
@@ -351,22 +409,33 @@ def _watch() -> None:
                 _rewrite_register(lambda pid, start: pid != os.getpid(), add=False)
                 return
             own = sorted({pid for pids, _ in _groups for pid in pids})
-        if other_jobs(own):
-            break
-        used = others_cpus(own, WATCH_S)
-        if used is None:
+        used = others_cpus(sorted(set(own) | set(registered)), WATCH_S)
+        jobs, registered = register_jobs()
+        if jobs != seen:
+            seen = jobs
             with _watch_lock:
-                _watching = False
-            return
+                _repin(jobs)
+            if len(jobs) > 1:
+                _mark_shared()
+        if used is None:
+            break
         busy = busy + 1 if used >= OTHERS_CPUS else 0
         if busy >= 2:
+            with _watch_lock:
+                _gave_up, _slot = True, None
+                _repin(jobs)
+            _mark_shared()
             break
-    if _placed is not None:
-        _pin_all(_original)
-        _placed = None
     with _watch_lock:
-        host_shared, _watching = True, False
+        _watching = False
         _groups.clear()
+
+
+def _mark_shared() -> None:
+    """Tell every wait policy of the process (``when_shared``) that the host is shared."""
+    global host_shared
+    with _watch_lock:
+        host_shared = True
         hooks = list(_hooks)
         _hooks.clear()
     for ref in hooks:
@@ -377,9 +446,9 @@ def _watch() -> None:
 
 def _forget_after_fork() -> None:
     """A forked child is a process of its own: it places itself when its transport starts."""
-    global _placed, _tried, host_shared, _watching, _watch_lock
-    _placed, _tried, host_shared, _watching = None, False, False, False
-    _watch_lock = threading.Lock()  # (a lock held by a thread of the parent stays held)
+    global _placed, _tried, host_shared, _watching, _watch_lock, _slot, _job, _gave_up
+    _placed, _tried, host_shared, _watching, _slot, _job, _gave_up = None, False, False, False, None, 0, False
+    _watch_lock = threading.RLock()  # (a lock held by a thread of the parent stays held)
     _hooks.clear()
     _groups.clear()
     _quota.cache_clear()

@@ -52,14 +52,33 @@ def _two_cpus() -> list[int]:
     return both
 
 
+def _mask_becomes(want: list[int], within_s: float = 2.0) -> list[int]:
+    """This process's mask once it is ``want`` (the watch pins at its looks), or after ``within_s``."""
+    t0 = time.monotonic()
+    while sorted(os.sched_getaffinity(0)) != want and time.monotonic() - t0 < within_s:
+        time.sleep(0.01)
+    return sorted(os.sched_getaffinity(0))
+
+
+def _quiet_host() -> None:
+    """Only the register may move this process's ranks: the suite's other workers keep the CPUs
+    busy, which the watch would take for another job's load."""
+    cpus.others_cpus = lambda own, window_s: (time.sleep(window_s), 0.0)[1]
+
+
 def _place_with_a_thread_running(local_rank: int) -> tuple[list[int], list[int], list[int], Any]:
     both = _two_cpus()
+    _quiet_host()
     started = threading.Event()
     stop = threading.Event()
     worker = threading.Thread(target=lambda: (started.set(), stop.wait(5)))
     worker.start()
     started.wait(5)
+    t0 = time.monotonic()
     mine = cpus.place(local_rank, 2)
+    assert sorted(os.sched_getaffinity(0)) == both, "pinned before the watch's first look"
+    _mask_becomes(mine)
+    assert time.monotonic() - t0 >= cpus.WATCH_S * 0.9, "pinned before the watch's first look"
     seen = (sorted(os.sched_getaffinity(0)), sorted(os.sched_getaffinity(worker.native_id)))
     again = cpus.place(1 - local_rank, 2)  # once a process: the first placement stays
     stop.set()
@@ -90,6 +109,9 @@ def test_bind_none_more_ranks_than_cpus_and_ranks_already_bound_are_left_alone()
 
 
 def _affinity_after_init(rank: int, world: int) -> list[int]:
+    t0 = time.monotonic()  # (pinned at the watch's first look)
+    while len(os.sched_getaffinity(0)) > 1 and time.monotonic() - t0 < 3 * cpus.WATCH_S:
+        time.sleep(0.01)
     return sorted(os.sched_getaffinity(0))
 
 
@@ -97,11 +119,12 @@ def test_an_shm_world_places_its_ranks_apart() -> None:
     """Through the backend: the ranks of a 2-rank shm world each end on one CPU, not the same."""
     def run() -> list[list[int]]:
         _two_cpus()
+        _quiet_host()  # (the ranks, forked, inherit it)
         return run_ranks("shm", 2, _affinity_after_init, timeout=20)
 
     res = _in_child(run)
     assert all(len(m) == 1 for m in res) and res[0] != res[1], res
-    off = _in_child(lambda: (_two_cpus(), run_ranks("shm", 2, _affinity_after_init, timeout=20))[1],
+    off = _in_child(lambda: (_two_cpus(), _quiet_host(), run_ranks("shm", 2, _affinity_after_init, timeout=20))[2],
                     {cpus.BIND_ENV: "none"})
     assert all(len(m) == 2 for m in off), off
 
@@ -169,9 +192,12 @@ def _usable_under(quota: float | None) -> tuple[int, int, int, bool]:
     both = _two_cpus()
     cpus._quota.cache_clear()
     cpus._quota = lambda: quota  # type: ignore[assignment]
+    _quiet_host()
     before = cpus.usable_cpus()
-    placed = cpus.place(0, 2) is not None
-    return len(both), before, cpus.usable_cpus(), placed
+    mine = cpus.place(0, 2)
+    if mine is not None:
+        assert _mask_becomes(mine) == mine  # (pinned: its own mask is one CPU)
+    return len(both), before, cpus.usable_cpus(), mine is not None
 
 
 def test_usable_cpus_counts_the_host_not_the_placed_share_and_the_quota() -> None:
@@ -215,7 +241,7 @@ def _unplaced_when_shared() -> tuple[list[int], list[int], float, int, bool]:
     waiter = _Waiter()
     cpus.when_shared(waiter)
     mine = cpus.place(0, 2)
-    assert mine is not None and sorted(os.sched_getaffinity(0)) == mine
+    assert mine is not None and _mask_becomes(mine) == mine
     assert not cpus.oversubscribed(2)
     busy = FORK.Process(target=_spin, args=(6.0,))  # another job's rank, as far as this one knows
     busy.start()
@@ -260,49 +286,73 @@ def test_the_watch_ends_with_the_last_shm_group() -> None:
         assert during and not after, (during, after)
 
 
-def _unplaced_by_the_register() -> tuple[list[int], list[int], float, list[str], list[str], int]:
+def test_share_gives_each_job_a_block_and_each_rank_a_part_of_it() -> None:
+    """Alone, each rank its own CPUs; with other jobs, each job a block (its ranks sharing it
+    where they outnumber it); more jobs than CPUs: none (the kernel places them)."""
+    four = [0, 1, 2, 3]
+    assert [cpus.share(four, [7], 7, r, 2) for r in (0, 1)] == [[0, 1], [2, 3]]
+    assert [cpus.share(four, [5, 7], 7, r, 2) for r in (0, 1)] == [[2], [3]]
+    assert [cpus.share(four, [5, 7], 5, r, 4) for r in range(4)] == [[0, 1]] * 4
+    assert cpus.share([0, 1], [5, 7], 5, 1, 2) == [0] and cpus.share([0, 1], [5, 7], 7, 0, 2) == [1]
+    assert cpus.share([0, 1], [3, 5, 7], 5, 0, 2) is None
+    assert cpus.share([0, 1], [3, 5], 7, 0, 2) is None  # (a job the register does not name)
+
+
+def _shared_out_by_the_register() -> tuple[list[int], list[int], list[int], list[int], list[str], list[str], int]:
     both = _two_cpus()
     cpus.WATCH_S = 0.2
-    # only the register may unplace here: the suite's other workers keep the CPUs busy
-    cpus.others_cpus = lambda own, window_s: (time.sleep(window_s), 0.0)[1]
+    _quiet_host()
     mine = cpus.place(0, 2)
-    assert mine is not None and sorted(os.sched_getaffinity(0)) == mine
+    assert mine is not None and _mask_becomes(mine) == mine
     time.sleep(0.5)  # a few looks: alone on the host, the rank stays placed
     assert sorted(os.sched_getaffinity(0)) == mine
     with open(cpus.register_path()) as f:
         enrolled = f.read().split()
-    other = FORK.Process(target=time.sleep, args=(10,))  # another job's rank, idle: no CPU used
-    other.start()
+
+    # other jobs' ranks, idle (no CPU used): their jobs keyed by their pids
+    others = [FORK.Process(target=time.sleep, args=(10,)) for _ in range(2)]
+    for o in others:
+        o.start()
     try:
         with open(cpus.register_path(), "a") as f:
-            f.write(f"{other.pid} {cpus._started(other.pid)}\n")
-        t0 = time.monotonic()
-        while sorted(os.sched_getaffinity(0)) != both and time.monotonic() - t0 < 5:
-            time.sleep(0.02)
-        took = time.monotonic() - t0
+            f.write(f"{others[0].pid} {cpus._started(others[0].pid)} {others[0].pid}\n")
+        mine_at = sorted([os.getpid(), others[0].pid]).index(os.getpid())
+        with_one = _mask_becomes([both[mine_at]])
+        with open(cpus.register_path(), "a") as f:
+            f.write(f"{others[1].pid} {cpus._started(others[1].pid)}\n")  # (a line without its job)
+        with_two = _mask_becomes(both)
+        others[1].kill()
+        others[1].join()
+        _rewrite = cpus._rewrite_register  # what a third process's enrolment does: drop the ended
+        _rewrite(lambda pid, start: cpus._started(pid) == start, add=False)
+        again = _mask_becomes([both[mine_at]])
     finally:
-        other.kill()
-        other.join()
+        for o in others:
+            o.kill()
+            o.join()
     with open(cpus.register_path()) as f:
         after = f.read().split()
-    return both, sorted(os.sched_getaffinity(0)), took, enrolled, after, os.getpid()
+    return both, with_one, with_two, again, enrolled, after, os.getpid()
 
 
-def test_another_jobs_process_in_the_register_unplaces_at_the_next_look() -> None:
-    """Two jobs started together sleep until their first collective: pinned meanwhile, both
-    ran it on the same CPUs (placement table, 2 jobs). The register (/dev/shm) tells a
-    rank another job is on the host before that job uses any CPU."""
-    both, after, took, enrolled, later, child = _in_child(_unplaced_by_the_register)
-    assert len(enrolled) == 2 and enrolled[0] == str(child), enrolled  # its pid and start time
-    assert after == both, "still pinned with another job's live process in the register"
-    assert took < 1.5, took
-    assert len(later) == 4, later  # the child's line and the other's (dropped when a process enrols)
+def test_other_jobs_in_the_register_share_the_cpus_out_by_job() -> None:
+    """Two jobs started together sleep until their first collective: pinned rank by rank, the
+    two jobs' ranks end one of each job per CPU, which outlives unpinning (placement table, 2
+    jobs). The register (/dev/shm) tells a rank of another job on the host before that job
+    uses any CPU: each job then gets CPUs of its own, at the next look; with more jobs than
+    CPUs, none; and back when a job ends."""
+    both, with_one, with_two, again, enrolled, later, child = _in_child(_shared_out_by_the_register)
+    assert enrolled == [str(child), enrolled[1], str(child)], enrolled  # pid, start time, job
+    assert len(with_one) == 1 and with_one[0] in both, ("not on its job's CPU with a second job", with_one)
+    assert with_two == both, "still pinned with three jobs on two CPUs"
+    assert again == with_one, "not back on its job's CPU when the third job ended"
+    assert len(later) == 6, later  # the child's line and the first other job's
 
 
 def test_the_register_drops_ended_processes_and_a_process_leaves_when_its_watch_ends() -> None:
     def run() -> tuple[list[str], list[str]]:
         _two_cpus()
-        cpus.others_cpus = lambda own, window_s: (time.sleep(window_s), 0.0)[1]  # (a busy suite beside)
+        _quiet_host()
         dead = FORK.Process(target=lambda: None)
         dead.start()
         dead.join()
@@ -321,5 +371,5 @@ def test_the_register_drops_ended_processes_and_a_process_leaves_when_its_watch_
             return during, f.read().split()
 
     during, after = _in_child(run)
-    assert len(during) == 2 and during[1] != "12345", during  # only the child itself
+    assert len(during) == 3 and during[1] != "12345", during  # only the child itself
     assert after == [], after
