@@ -30,7 +30,7 @@ import pytest
 from _clock import bound
 
 from pyc10d import settings
-from pyc10d.testing import clients, slurm, tiny_ddp
+from pyc10d.testing import clients, reruns, slurm, tiny_ddp
 from pyc10d.testing.hosts import Hosts
 
 _WHY_NOT = slurm.unavailable_reason()
@@ -65,8 +65,17 @@ def _ddp(cluster: slurm.Cluster, backend: str, out: Path, sbatch: bool) -> dict:
         proc = cluster.batch([str(EXAMPLES / "job.sbatch"), *script], out.with_suffix(".log"), timeout=45, env=port)
     else:
         proc = cluster.run(_srun(*script), timeout=45, env={**port, "MASTER_ADDR": cluster.hosts[0].name})
+    if backend == "gloo" and GLOO_ABORT in proc.stderr and not sbatch:
+        # The reference's own crash (torch's Gloo: its C++ threads met at exit, pytorch/pytorch
+        # issue 190489; seen once in run 39, a rank aborted as the job ended): run once more, counted.
+        reruns.note("test_slurm ddp.py on gloo", f"a Gloo rank aborted: {GLOO_ABORT!r}")
+        port = {"MASTER_PORT": str(next(_PORTS))}
+        proc = cluster.run(_srun(*script), timeout=45, env={**port, "MASTER_ADDR": cluster.hosts[0].name})
     _check(proc, f"{'sbatch' if sbatch else 'srun'} ddp.py on {backend}", cluster)
     return json.loads(out.read_text())
+
+
+GLOO_ABORT = "terminate called without an active exception"
 
 
 @pytest.mark.parametrize(("launch", "backend"), [
