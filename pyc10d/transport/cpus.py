@@ -399,7 +399,7 @@ def _watch() -> None:
     It ends with the last group it watches for (no pyc10d thread outlives the groups)."""
     global _watching, _gave_up, _slot
     busy = 0
-    seen: list[int] = []
+    seen: tuple[list[int], tuple[int, int] | None] = ([], None)  # the jobs and _slot last pinned for
     registered = register_jobs()[1]
     while True:
         with _watch_lock:
@@ -411,11 +411,11 @@ def _watch() -> None:
             own = sorted({pid for pids, _ in _groups for pid in pids})
         used = others_cpus(sorted(set(own) | set(registered)), WATCH_S)
         jobs, registered = register_jobs()
-        if jobs != seen:
-            seen = jobs
+        if (jobs, _slot) != seen:  # (``place`` sets _slot after starting this watch)
             with _watch_lock:
+                seen = (jobs, _slot)
                 _repin(jobs)
-            if len(jobs) > 1:
+            if len(jobs) > 1 and not host_shared:
                 _mark_shared()
         if used is None:
             break
