@@ -124,6 +124,9 @@ def _rank_main(target: list[str], module: bool, env: dict[str, str],
     code = 0
     try:
         if module:
+            # as in a fresh interpreter: a module the launcher had imported (a benchmark's
+            # driver forks its ranks from itself) runs as __main__ without runpy's warning
+            sys.modules.pop(target[0], None)
             runpy.run_module(target[0], run_name="__main__", alter_sys=True)
         else:
             runpy.run_path(target[0], run_name="__main__")

@@ -307,7 +307,7 @@ def _jobs_main(args: argparse.Namespace, sizes: list[int], records: list[dict[st
 
         recs, failed = jobs.run(one_job, args.jobs, args.backends, args.world_sizes)
     rows = jobs.spread(recs)
-    print("\n" + jobs.table(rows))
+    print("\n" + jobs.table(rows) + "\n" + jobs.probe_line(recs))
     failed = failed or not all(r["correct"] for r in rows)
     stem = args.out / (args.name or f"jobs-{records[0]['time']}")
     report.write_json([*records, *recs, *({"kind": "spread", **r} for r in rows)], stem.with_suffix(".json"))

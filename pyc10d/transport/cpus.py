@@ -158,11 +158,13 @@ def place(local_rank: int, local_size: int, pids: list[int] | None = None,
           alive: Callable[[], bool] | None = None) -> list[int] | None:
     """Have every thread of this process pinned to its own share of the CPUs (``share``), the
     first time a host's ranks connect: alone on the host, ``local_rank``'s block of
-    ``len(cpus) // local_size`` CPUs of the affinity set (returned). The pinning is the
-    watch's, at its first look (``WATCH_S`` later): a job that started beside it is in the
-    register by then, and three jobs pinned at once on two CPUs, then unpinned when the third
-    enrolled, had left two of them each on one CPU and the third split across both (64 KiB:
-    2.3x ``PYC10D_BIND=none``'s time; docs/performance.md "Placement on a shared host").
+    ``len(cpus) // local_size`` CPUs of the affinity set (returned), pinned at once: left
+    unpinned until the watch's first look, 1 MiB all_reduces timed in a job's first half
+    second had their slowest of 10 fresh jobs at 293-746 us against 264-384 pinned at once
+    (docs/performance.md "Placement on a shared host"). Beside other jobs of the register,
+    the watch pins it at its first look (``WATCH_S`` later), when jobs started together have
+    all enrolled: three jobs pinned at enrolment on two CPUs, then unpinned when the third
+    came, had left two of them each on one CPU (64 KiB: 2.3x ``PYC10D_BIND=none``'s time).
 
     Why (docs/performance.md, "Two speeds decided at start-up"): left to the kernel, two ranks
     that take turns waking each other through a futex were found on one CPU for whole jobs,
@@ -211,9 +213,9 @@ def place(local_rank: int, local_size: int, pids: list[int] | None = None,
             return None
         _original[:] = cpus
         _slot = (local_rank, local_size)
-    # Pinned by the watch at its first look (``_watch``), with every job that enrolled by then:
-    # jobs started together are all in the register by then.
-    return share(cpus, [_job], _job, local_rank, local_size)
+        if register_jobs()[0] == [_job]:  # alone on the host (see the docstring)
+            return _repin([_job])
+    return share(cpus, [_job], _job, local_rank, local_size)  # (the watch pins it)
 
 
 def _repin(jobs: list[int]) -> list[int] | None:

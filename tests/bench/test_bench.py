@@ -245,6 +245,8 @@ def test_bench_run_writes_checked_records(tmp_path: Path, backends: tuple[str, .
            "--name", "smoke", "--timeout", "15"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=40)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # ranks forked from the driver, which had imported the worker module, run it as python -m would
+    assert "RuntimeWarning" not in proc.stdout + proc.stderr, proc.stderr[-2000:]
     records = json.loads((tmp_path / "smoke.json").read_text())
     runs = [r for r in records if r.get("kind") == "collective"]
     seen = {(r["backend"], r["op"], r["bytes"]) for r in runs}
@@ -443,6 +445,36 @@ def test_spread_across_jobs_keeps_every_job_and_any_failure() -> None:
     assert row["ratio"] == pytest.approx(7.0 / 3.0)
     assert row["correct"] is False
     assert "WRONG" in jobs.table([row]) and "2.33x" in jobs.table([row])
+
+
+def test_jobs_the_host_probe_found_slow_are_left_out_of_the_steady_spread() -> None:
+    from pyc10d.bench import jobs
+
+    def rec(job: int, t: float, probes: list[float]) -> dict:
+        return {"kind": "collective", "backend": "b", "op": "all_reduce", "world_size": 2,
+                "bytes": 8, "time_us": t, "correct": True, "job": job, "probe_GBps": probes}
+
+    # probes 30, 30 | 30, 4 | 4, 30 | 30, 30: jobs 2 and 3 had the host slow on one side
+    (row,) = jobs.spread([rec(1, 10.0, [30, 30]), rec(2, 35.0, [30, 4]), rec(3, 9.0, [4, 30]),
+                          rec(4, 11.0, [30, 30])])
+    assert row["ratio"] == pytest.approx(35.0 / 9.0)
+    assert row["steady_jobs"] == 2 and row["steady_ratio"] == pytest.approx(11.0 / 10.0)
+    assert "2, 1.10x" in jobs.table([row])
+    line = jobs.probe_line([rec(1, 10.0, [30, 4]), rec(2, 10.0, [4, 28])])  # (job 2's before: job 1's after)
+    assert "4.0 / 28.0 / 30.0 GB/s" in line and "7.50x" in line, line
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the probe needs two CPUs")
+def test_the_host_probe_moves_bytes_between_two_cpus_and_checks_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pyc10d.bench import jobs
+
+    before = os.sched_getaffinity(0)
+    assert jobs.host_probe(chunk=1 << 16, swaps=20) > 0
+    assert os.sched_getaffinity(0) == before
+    # the check can fail: a probe whose chunks are never written receives zeros
+    monkeypatch.setattr(jobs, "_put", lambda data, at, chunk: None)
+    with pytest.raises(RuntimeError, match="arrived wrong"):
+        jobs.host_probe(chunk=1 << 16, swaps=5)
 
 
 # Two jobs are a spread already; the third (one more interpreter) runs in make test-full.
