@@ -47,7 +47,23 @@ from . import settings
 
 log = logging.getLogger("pyc10d")
 
+
+
+def renew_after_fork(namespace: dict[str, Any], **factories: Callable[[], Any]) -> None:
+    """In a forked child, replace each module-level lock ``name`` of ``namespace`` (the
+    module's ``globals()``) by ``factories[name]()``: a thread of the parent may have held it
+    at the fork, and no thread of the child would ever release it. The first ``start`` in a
+    child takes ``_lock``: a member forked from a pytest worker whose pyc10d threads were
+    starting threads waited there for good, before its transport published its address."""
+    def renew() -> None:
+        for name, make in factories.items():
+            namespace[name] = make()
+
+    os.register_at_fork(after_in_child=renew)
+
+
 _lock = threading.Lock()
+renew_after_fork(globals(), _lock=threading.Lock)
 #: Threads started here in this process that the exit waits for (an ended one is dropped).
 _joinable: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 #: What runs at exit before the join, in order of registration.

@@ -36,6 +36,7 @@ import socket
 import ssl
 import threading
 
+from . import threads
 from .errors import DistNetworkError
 from .settings import TLS_CA, TLS_CERT, TLS_KEY
 
@@ -99,6 +100,7 @@ def enabled() -> bool:
 
 _CACHE: dict[tuple[object, ...], ssl.SSLContext] = {}
 _CACHE_LOCK = threading.Lock()
+threads.renew_after_fork(globals(), _CACHE_LOCK=threading.Lock)
 
 
 def context(server_side: bool) -> ssl.SSLContext | None:

@@ -155,3 +155,48 @@ def test_rank_threads_in_a_forked_child_all_get_torchs_pool() -> None:
     ``run_fork`` forked runs a threaded example so): every thread's first op gets a pool."""
     out = subprocess.run([sys.executable, "-c", POOL_RACE], capture_output=True, text=True, timeout=45)
     assert out.returncode == 0 and out.stdout.split() == ["failed", "0"], out.stdout + out.stderr[-3000:]
+
+
+@pytest.mark.timeout(30)
+def test_a_child_forked_while_a_thread_held_a_module_lock_starts_threads() -> None:
+    """A member forked from a process whose pyc10d threads were starting threads (a pytest
+    worker) waited for good at its first ``threads.start``: the lock it takes was held at the
+    fork by a thread the child does not have. Every module-level lock is renewed in a child."""
+    from pyc10d import tls
+    from pyc10d.functional import _buffers
+    from pyc10d.transport import threaded
+    from pyc10d.transport.shm import segment
+
+    held = [threads._lock, tls._CACHE_LOCK, _buffers._lock, threaded._registry_lock, segment._registry_lock]
+    for lock in held:
+        lock.acquire()  # (as another thread of this process would hold it, at the fork)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: each lock once more, and a thread started
+            code = 1
+            try:
+                fresh = [threads._lock, tls._CACHE_LOCK, _buffers._lock, threaded._registry_lock,
+                         segment._registry_lock]
+                free = [lock.acquire(timeout=2) for lock in fresh]
+                for lock, got in zip(fresh, free):
+                    if got:
+                        lock.release()
+                if all(free):
+                    done = threading.Event()
+                    threads.start(done.set, "pyc10d-test-forked", join_at_exit=False)
+                    code = 0 if done.wait(5) else 3
+                else:
+                    code = 2
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 20
+        while (res := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if res == (0, 0):
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child is stuck on a lock held at the fork")
+        assert os.waitstatus_to_exitcode(res[1]) == 0, res
+    finally:
+        for lock in held:
+            lock.release()

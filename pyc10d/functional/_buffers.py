@@ -20,13 +20,14 @@ import threading
 
 import torch
 
-from .. import settings
+from .. import settings, threads
 
 MIN_BYTES = 64 * 1024
 _CAP = settings.FUNCOL_CACHE_BYTES.get()
 _use_count = torch._C._storage_Use_Count
 
 _lock = threading.Lock()
+threads.renew_after_fork(globals(), _lock=threading.Lock)
 _by_size: dict[int, list[torch.UntypedStorage]] = {}  # nbytes -> storages of that size
 _total = 0  # bytes held
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from .. import collectives as C  # noqa: N812 - the public API, short
-from .. import settings
+from .. import settings, threads
 from ..backends import Engine
 from ..transport.cpus import oversubscribed
 from ..types import AllreduceOptions, as_reduce_op
@@ -54,6 +54,7 @@ def inline_limit() -> int:
 # tensors, so a pointer cannot be reused while its entry is here.
 _pending: dict[int, Any] = {}
 _pending_lock = threading.Lock()
+threads.renew_after_fork(globals(), _pending_lock=threading.Lock)
 
 
 def _key(t: torch.Tensor) -> int:

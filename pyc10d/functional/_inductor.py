@@ -17,7 +17,10 @@ import sys
 import threading
 from typing import Any
 
+from .. import threads
+
 _lock = threading.Lock()
+threads.renew_after_fork(globals(), _lock=threading.Lock)
 _registered = False
 
 COLLECTIVES = (

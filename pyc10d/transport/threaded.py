@@ -24,6 +24,7 @@ import uuid
 import weakref
 from datetime import timedelta
 
+from .. import threads
 from ..errors import DistBackendError, DistNetworkError
 from ..store.base import Store, store_chain
 from .base import Mailbox, RecvHandle, Transport, abort_error, deliver_copy, lost_error
@@ -62,6 +63,7 @@ class Hub:
 
 
 _registry_lock = threading.Lock()
+threads.renew_after_fork(globals(), _registry_lock=threading.Lock)
 _hubs: dict[str, Hub] = {}
 
 

@@ -24,11 +24,14 @@ import threading
 
 import torch
 
+from ... import threads
+
 PREFIX = "pyc10d_"
 SHM_DIR = "/dev/shm"
 
 _registry: set[str] = set()
 _registry_lock = threading.Lock()
+threads.renew_after_fork(globals(), _registry_lock=threading.Lock)
 
 
 def available() -> bool:
