@@ -16,10 +16,13 @@ out of band as the API asks. The rounds, each checked with every kind of collect
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import multiprocessing
 import os
 import signal
+import sys
+import time
 import traceback
 from datetime import timedelta
 from typing import Any
@@ -73,6 +76,7 @@ def _exchange(coord: Any, round_: int, who: str, handle: str, wanted: list[str])
 def _member(module: str, backend: str, port: int, who: str, out: Any) -> None:
     """One process: survivor ``"0"``/``"1"``, the victim ``"2"``, or the ``"new"`` replacement."""
     results: list[dict[str, Any]] = []
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)  # (_dump_if_alive)
     try:
         d = importlib.import_module(module)
         coord = _coordinator(module, port)
@@ -130,7 +134,8 @@ def _scenario(module: str, backend: str) -> dict[str, Any]:
     for p in procs.values():
         p.start()
     procs["2"].join(20)
-    assert procs["2"].exitcode == -signal.SIGKILL
+    _dump_if_alive(procs)
+    assert procs["2"].exitcode == -signal.SIGKILL, "the victim did not reach its SIGKILL (stacks in stderr)"
     master.set("victim-gone", "1")
     procs["new"] = FORK.Process(target=_member, args=(module, backend, master.port, "new", out))
     procs["new"].start()
@@ -139,8 +144,21 @@ def _scenario(module: str, backend: str) -> dict[str, Any]:
     finally:  # (a rank that hung is killed, not left behind)
         for p in procs.values():
             p.join(5)
+        _dump_if_alive(procs)
+        for p in procs.values():
             if p.is_alive():
                 p.kill()
+
+
+def _dump_if_alive(procs: dict[str, Any]) -> None:
+    """Have every member still running print its threads' stacks (to the captured stderr
+    pytest shows with a failure): a member stuck once in ~30 runs, before publishing its key,
+    and nothing said where."""
+    alive = [p for p in procs.values() if p.is_alive()]
+    for p in alive:
+        os.kill(p.pid, signal.SIGUSR1)
+    if alive:
+        time.sleep(1.0)
 
 
 def _check(got: dict[str, Any]) -> None:
