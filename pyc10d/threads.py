@@ -48,7 +48,6 @@ from . import settings
 log = logging.getLogger("pyc10d")
 
 
-
 def renew_after_fork(namespace: dict[str, Any], **factories: Callable[[], Any]) -> None:
     """In a forked child, replace each module-level lock ``name`` of ``namespace`` (the
     module's ``globals()``) by ``factories[name]()``: a thread of the parent may have held it

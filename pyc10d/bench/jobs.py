@@ -111,22 +111,24 @@ def host_probe(chunk: int = 1 << 20, swaps: int = 200) -> float:
     return 2 * chunk * swaps / took / 1e9
 
 
-def _host_slow(record: Record, probes: list[float]) -> bool:
-    """The host probe on either side of the record's job under half the run's median."""
-    return bool(probes) and any(p < 0.5 * statistics.median(probes) for p in record.get("probe_GBps", ()))
+def _probes(records: Sequence[Record]) -> list[float]:
+    """The run's host probes, each once (a job's records, one per size, share its pair, and a
+    job's probe after is the next job's before), sorted."""
+    return sorted({p for r in report.collectives(records) for p in r.get("probe_GBps", ())})
 
 
 def spread(records: Sequence[Record]) -> list[Record]:
     """One row per (backend, op, world size, size): its jobs' times and their spread, over
     every job and over the jobs the host probe found the host steady around."""
     groups: dict[tuple, list[Record]] = {}
-    probes = [p for r in report.collectives(records) for p in r.get("probe_GBps", ())]
+    probes = _probes(records)
+    slow_below = 0.5 * statistics.median(probes) if probes else 0.0  # the host was slow under it
     for r in report.collectives(records):
         groups.setdefault((r["backend"], r["op"], r["world_size"], r["bytes"]), []).append(r)
     rows = []
     for (backend, op, ws, nbytes), recs in groups.items():
         times = sorted(r["time_us"] for r in recs)
-        steady = sorted(r["time_us"] for r in recs if not _host_slow(r, probes))
+        steady = sorted(r["time_us"] for r in recs if min(r.get("probe_GBps", ()), default=slow_below) >= slow_below)
         rows.append({"backend": backend, "op": op, "world_size": ws, "bytes": nbytes,
                      "jobs": len(times), "times_us": times, "fastest_us": times[0],
                      "median_us": statistics.median(times), "slowest_us": times[-1],
@@ -139,7 +141,7 @@ def spread(records: Sequence[Record]) -> list[Record]:
 
 def probe_line(records: Sequence[Record]) -> str:
     """The host probe's own spread over the run: a job spread no wider than it is the host's."""
-    probes = sorted({p for r in report.collectives(records) for p in r.get("probe_GBps", ())})
+    probes = _probes(records)
     if not probes or probes[0] <= 0:
         return "host probe: not run (one CPU)"
     return (f"host probe (two processes swapping 1 MiB chunks, no pyc10d): {probes[0]:.1f} / "
