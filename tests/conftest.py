@@ -99,6 +99,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if call.when == "call" and reruns.RERUNS:
         outcome.get_result().user_properties.extend(("documented rerun", r) for r in reruns.RERUNS)
         reruns.RERUNS.clear()
+    if call.when == "call" and reruns.BESIDE:
+        outcome.get_result().user_properties.extend(("peer beside", b) for b in reruns.BESIDE)
+        reruns.BESIDE.clear()
 
 
 #: A launcher's variables: tests ported from torch's set them in the test process as torch's do
@@ -127,6 +130,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Each documented rerun by name, and their number in pytest's closing line ("N documented
     reruns", which counts this stats key: one entry per rerun, the test's report, since other
     plugins read every stats entry as a report): a pass that came from a rerun is never silent.
+    Then each peer run reported beside pyc10d's, its crashes counted there too ("N peer aborts").
     Read from the reports pytest keeps (with xdist, the workers', their properties with them)."""
     seen = [(rep, why) for reports in terminalreporter.stats.values() for rep in reports
             for name, why in getattr(rep, "user_properties", ()) if name == "documented rerun"]
@@ -135,6 +139,15 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("documented reruns")
         for why in dict.fromkeys(why for _, why in seen):
             terminalreporter.write_line(why)
+    beside = [(rep, tuple(b)) for reports in terminalreporter.stats.values() for rep in reports
+              for name, b in getattr(rep, "user_properties", ()) if name == "peer beside"]
+    if beside:
+        terminalreporter.section("peers beside")
+        for what, outcome, _ in dict.fromkeys(b for _, b in beside):
+            terminalreporter.write_line(f"{what}: {outcome}")
+        aborts = [rep for rep, (_, _, aborted) in beside if aborted]
+        if aborts:
+            terminalreporter.stats["peer aborts"] = aborts
 
 
 # A forked rank waits for ever on an import lock that another thread of its parent held at

@@ -269,3 +269,35 @@ class AssertEqualTest(TestCase):
             reduced = dense_total.reshape(n, -1)[:, 0] if dense_total.dim() > 1 else dense_total
             self.assertEqual(reduced, expected_first_axis)
             self.assertEqual(outputs[0], outputs[1])
+
+
+@pytest.mark.timeout(40)
+@pytest.mark.parametrize("workers", ["0", pytest.param("1", marks=pytest.mark.full)])
+def test_a_peer_run_beside_is_named_and_its_abort_counted_not_failed(tmp_path: Path, workers: str) -> None:
+    """A peer's run reported with ``reruns.beside`` (the Slurm tests' Gloo reference) leaves its
+    test passing, is printed under "peers beside", and a peer's abort is counted in pytest's
+    closing line, in one process and through an xdist worker alike."""
+    import subprocess
+
+    tests_dir = Path(__file__).resolve().parents[1]
+    (tmp_path / "conftest.py").write_text(  # the suite's two hooks, loaded under another name
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('suite_conftest', {str(tests_dir / 'conftest.py')!r})\n"
+        "suite = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(suite)\n"
+        "pytest_runtest_makereport = suite.pytest_runtest_makereport\n"
+        "pytest_terminal_summary = suite.pytest_terminal_summary\n")
+    (tmp_path / "test_peer.py").write_text(
+        "from pyc10d.testing import reruns\n\n"
+        "def test_ours_then_the_peer():\n"
+        "    reruns.beside('peer.py on gloo', 'equal to the reference (exit 134, a rank aborted at exit)', aborted=True)\n\n"
+        "def test_a_clean_peer():\n"
+        "    reruns.beside('other.py on gloo', 'equal to the reference (exit 0)')\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", workers, "-q",
+                           str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=35)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "peers beside" in out, out
+    assert "peer.py on gloo: equal to the reference (exit 134, a rank aborted at exit)" in out, out
+    assert "other.py on gloo: equal to the reference (exit 0)" in out, out
+    closing = out.strip().splitlines()[-1]
+    assert "2 passed" in closing and "1 peer aborts" in closing, closing
