@@ -11,6 +11,10 @@
 #               then functional vs in-place collectives (python -m pyc10d.bench.funcol)
 #               and the per-call cost at world size 1 (python -m pyc10d.bench.percall),
 #               then the floor under an 8 B all_reduce and each layer above it (bench.floor)
+#   make bench-compare BASE=<commit>  the n=2 all_reduce grid (8 B-16 MiB; shm, tcp, the plugin)
+#               of BASE and this tree alternated in one run, 6 fresh jobs each: ratio and spread
+#   make bench-calls  Python calls per n=2 call on the calling thread (all_reduce 8 B, 64 KiB,
+#               1 MiB; send/recv 8 B) against benchmarks/calls-reference.json (make test checks it)
 #   make bench-instructions  instructions per call under valgrind's callgrind (python -m
 #               pyc10d.bench.instructions: 8 B all_reduce, broadcast and barrier at world size 1
 #               on shm, tcp, threaded and the plugin, fake, functional, a TCPStore set+get),
@@ -72,7 +76,7 @@ PROPERTY_EXAMPLES ?= 3000
 # A launch of 33 processes on 2 cores runs for minutes: the per-test limit of test-worlds.
 WORLDS_TIMEOUT ?= 1800
 
-.PHONY: venv demo test test-torch-next test-full test-launchers test-worlds fuzz chaos bench bench-instructions test-instructions torch-suite test-torchft \
+.PHONY: venv demo test test-torch-next test-full test-launchers test-worlds fuzz chaos bench bench-compare bench-calls bench-instructions test-instructions torch-suite test-torchft \
 	chaos-torchft lint clean exit-trials test-clients test-slurm test-ray
 
 venv: $(STAMP)
@@ -147,6 +151,19 @@ bench: $(STAMP)
 	$(PY) -m pyc10d.bench.percall
 	$(PY) -m pyc10d.bench.floor
 	$(PY) -m pyc10d.bench.floor --ladder tcp
+
+# BASE and this tree alternated in one run, fresh jobs (python -m pyc10d.bench.compare): the n=2
+# all_reduce grid, 8 B to 16 MiB, on shm, tcp and the plugin, each figure's ratio and spread.
+# Run it on every change to a hot path and quote it in the commit. BASE: a commit or a folder.
+BASE ?= HEAD~1
+COMPARE_ARGS ?=
+bench-compare: $(STAMP)
+	$(PY) -m pyc10d.bench.compare $(BASE) $(COMPARE_ARGS)
+
+# Python calls per call on the calling thread at n=2 (python -m pyc10d.bench.calls; make test
+# holds them to benchmarks/calls-reference.json): UPDATE=1 rewrites the reference.
+bench-calls: $(STAMP)
+	$(PY) -m pyc10d.bench.calls $(if $(UPDATE),--write-reference)
 
 # Counts are per call (segments of N and 2N calls, differenced), the least of 3 heap layouts.
 # UPDATE=1 writes the reference instead of checking against it: commit that file alone, in a

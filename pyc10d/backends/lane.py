@@ -49,6 +49,7 @@ import torch
 from torch.autograd import profiler as torch_profiler
 
 from ..types import RedOpType, ReduceOp
+from .accepts import MOVABLE, support
 from .base import EngineCore, Job
 from .work import StartedWork, Work
 
@@ -91,6 +92,14 @@ def _plain(t: Any) -> bool:
             and t.is_contiguous())
 
 
+def _accepted(x: torch.Tensor | None, y: torch.Tensor | None, red: ReduceOp | None) -> bool:
+    """What ``accepts`` promises for the call's tensors and reduction (one key's first call)."""
+    for t in (x, y):
+        if t is not None and t.dtype not in MOVABLE:
+            return False
+    return red is None or x is None or support((y if y is not None else x).dtype, red.op) is not False
+
+
 class LaneOps(EngineCore):
     """The ``lean_*`` entries; a backend supplies the steps (``_lane_step``)."""
 
@@ -117,7 +126,9 @@ class LaneOps(EngineCore):
             steps = self._steps = {}
         step = steps.get(key)
         if step is None:
-            step = self._lane_step(key, x, y, red, root)
+            # The table first, once per key: a call it refuses takes the general path, which
+            # raises naming the argument (an empty tensor too: the lane would move 0 bytes).
+            step = self._lane_step(key, x, y, red, root) if _accepted(x, y, red) else False
             if step is None:  # not yet (e.g. no arena before the group's first operation)
                 return 0
             steps[key] = step

@@ -48,13 +48,8 @@ _NAME_BYTES = 128
 #: the multi-chunk paths.
 SLOT_BYTES: int | None = None
 
-#: The seam symmetric memory plugs into (``pyc10d.symmetric_memory`` sets it when imported):
-#: ``symmetric_allreduce(t, reduce_op_name, group_name)`` returns a function reducing ``t``
-#: in place straight out of the peers' memory when ``t`` lives in this group's symmetric
-#: memory, else None. Tensors under ``SYMMETRIC_MIN_BYTES`` take the arena either way. The
-#: plan divides an AVG itself, slice by slice while each slice is in cache: a second pass over
-#: the whole tensor would cost as much memory traffic as the reduction.
-symmetric_allreduce: Callable[[torch.Tensor, str, str], Callable[[], Any] | None] | None = None
+#: All-reduces of at least this many bytes are offered to the group's symmetric memory, when
+#: it has any (``ShmBackend.serve_symmetric``); smaller ones take the arena either way.
 SYMMETRIC_MIN_BYTES = 64 << 10
 _SYMMETRIC_OPS = {RedOpType.SUM: "sum", RedOpType.AVG: "avg", RedOpType.MAX: "max", RedOpType.MIN: "min",
                   RedOpType.PRODUCT: "product"}
@@ -82,7 +77,10 @@ class ShmBackend(Engine):
         self.options.backend = "shm"
         self._arena: Arena | None = None
         self._sc: algo.ShmComm | None = None  # the arena's view, refreshed for each operation
-        self._lane_check_bytes = SYMMETRIC_MIN_BYTES
+        #: Set by ``serve_symmetric`` once the group has symmetric memory: ``symmetric_allreduce(t,
+        #: reduce_op_name, group_name)`` returns a function reducing ``t`` in place straight out
+        #: of the peers' memory when ``t`` lives in this group's symmetric memory, else None.
+        self.symmetric_allreduce: Callable[[torch.Tensor, str, str], Callable[[], Any] | None] | None = None
 
     @classmethod
     def create(cls, store: Store, rank: int, size: int, timeout: timedelta, group_name: str,
@@ -173,11 +171,12 @@ class ShmBackend(Engine):
         sc = self._shm(comm)
         nbytes = h.nbytes
         direct = None
-        if nbytes >= SYMMETRIC_MIN_BYTES and symmetric_allreduce is not None and red.op in _SYMMETRIC_OPS:
+        symmetric = self.symmetric_allreduce
+        if nbytes >= SYMMETRIC_MIN_BYTES and symmetric is not None and red.op in _SYMMETRIC_OPS:
             if src is not None:
                 h.copy_(src)
                 src = None
-            direct = symmetric_allreduce(h, _SYMMETRIC_OPS[red.op], self.group_name)
+            direct = symmetric(h, _SYMMETRIC_OPS[red.op], self.group_name)
         if direct is not None:
             # Every rank must take this path: a phase whose descriptors say so fails, naming
             # the ranks, when one of them passed an ordinary tensor instead.
@@ -191,10 +190,19 @@ class ShmBackend(Engine):
             finish(h, red, comm.size)
         writeback(t, h)
 
+    def serve_symmetric(self, plan: Callable[[torch.Tensor, str, str], Callable[[], Any] | None]) -> None:
+        """This group has symmetric memory (``enable_symm_mem_for_group``): from now on its
+        all_reduces of ``SYMMETRIC_MIN_BYTES`` and more ask ``plan`` whether the tensor is one
+        of the group's symmetric tensors, which are reduced out of the peers' memory. Groups
+        without symmetric memory never ask (the state is this engine's, not a module's)."""
+        self.symmetric_allreduce = plan
+        self._lane_check_bytes = SYMMETRIC_MIN_BYTES
+
     def _lane_declines(self, t: torch.Tensor) -> bool:
-        """Once symmetric memory is in use, a tensor of its size takes ``_allreduce_dense``,
-        which asks it once whether the tensor is one of its own (and reduces it there)."""
-        return symmetric_allreduce is not None
+        """A symmetric tensor of this group takes ``_allreduce_dense``, which reduces it out
+        of the peers' memory; an ordinary one stays on the lane."""
+        symmetric = self.symmetric_allreduce
+        return symmetric is not None and symmetric(t, "sum", self.group_name) is not None
 
     def _lane_step(self, key: tuple, x: torch.Tensor | None, y: torch.Tensor | None, red: Any, root: int) -> Any:
         """The lean lane's steps (``lane.py``): the single-phase exchange of each collective,

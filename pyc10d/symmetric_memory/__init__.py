@@ -16,7 +16,7 @@ their fallbacks), ``collectives`` (all-reduce straight out of the peers' memory)
 from __future__ import annotations
 
 from . import _seam
-from .alloc import enable, is_enabled
+from .alloc import enable, group_of, is_enabled
 from .collectives import one_shot_all_reduce, plan_allreduce, two_shot_all_reduce_
 from .fused import (
     _fused_all_gather_matmul_fallback,
@@ -31,9 +31,6 @@ from .ops import NAMESPACE, ops
 
 #: torch's name for the handle class, whose static methods the seed calls
 _SymmetricMemory = SymmetricMemory
-
-# dist.all_reduce of a symmetric tensor on the shm backend reduces out of the peers' memory
-_seam.serve_backend_allreduce(plan_allreduce)
 
 __all__ = [
     "NAMESPACE",
@@ -57,8 +54,11 @@ __all__ = [
 
 
 def enable_symm_mem_for_group(group_name: str) -> None:
-    """Allow symmetric allocations on ``group_name`` (local: no communication)."""
+    """Allow symmetric allocations on ``group_name`` (local: no communication). The group's
+    shm engine learns of it: its ``all_reduce`` of a symmetric tensor then reduces out of the
+    peers' memory."""
     enable(group_name)
+    _seam.serve_backend_allreduce(group_of(group_name), plan_allreduce)
 
 
 def is_symm_mem_enabled_for_group(group_name: str) -> bool:

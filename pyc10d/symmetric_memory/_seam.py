@@ -9,6 +9,8 @@ without this room noticing, and a reader sees at one glance what is borrowed.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..backends import shm as _shm_backend
 from ..transport.shm import futex
 from ..transport.shm.arena import default_spin
@@ -21,10 +23,13 @@ __all__ = [
 ]
 
 
-def serve_backend_allreduce(plan) -> None:
-    """Let the shm backend's all_reduce hand symmetric tensors to ``plan`` (see
-    ``backends.shm.symmetric_allreduce``): the one place this room reaches the backend."""
-    _shm_backend.symmetric_allreduce = plan
+def serve_backend_allreduce(pg: Any, plan: Any) -> None:
+    """Let the all_reduce of ``pg``'s engine hand its symmetric tensors to ``plan``, where the
+    engine is the shm backend's (``ShmBackend.serve_symmetric``): the one place this room
+    reaches the backend. Only that group's engine learns of it; other groups are untouched."""
+    engine = pg._get_backend()
+    if isinstance(engine, _shm_backend.ShmBackend):
+        engine.serve_symmetric(plan)
 
 
 def available() -> bool:

@@ -133,7 +133,8 @@ class GroupState(Members):
 _ATTR = "_pyc10d_symm_mem"
 
 
-def _group(group_name: str) -> Any:
+def group_of(group_name: str) -> Any:
+    """This rank's process group named ``group_name``; RuntimeError if it has none."""
     pg = current_world().pg_by_name.get(group_name)
     if pg is None or not hasattr(pg, "rank"):
         raise RuntimeError(f"symmetric memory: no process group named {group_name!r} on this rank")
@@ -142,7 +143,7 @@ def _group(group_name: str) -> Any:
 
 def enable(group_name: str) -> GroupState:
     """Create (or return) the state of ``group_name`` in this rank's world."""
-    pg = _group(group_name)
+    pg = group_of(group_name)
     state = vars(pg).get(_ATTR)
     if state is None:
         if not _seam.available():
@@ -159,7 +160,7 @@ def is_enabled(group_name: str) -> bool:
 
 def get_state(group_name: str) -> GroupState:
     """The state of an enabled group; RuntimeError (as torch) if it was never enabled."""
-    state = vars(_group(group_name)).get(_ATTR)
+    state = vars(group_of(group_name)).get(_ATTR)
     if state is None:
         raise RuntimeError(
             f"symmetric memory is not enabled for group {group_name!r}: "

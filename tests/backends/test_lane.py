@@ -166,20 +166,30 @@ def test_lane_serves_gather_scatter_and_broadcast(module: str, world_size: int) 
 
 def _medium(rank: int, ws: int, symmetric: bool) -> dict:
     """A 256 KiB all_reduce (one exchange of the whole tensor since the flat algorithm's bound
-    is the ranks' bytes together) runs on the lane, unless symmetric memory is in use."""
+    is the ranks' bytes together) runs on the lane with every room of pyc10d imported, and on
+    a group with symmetric memory too; only a symmetric tensor of that group leaves it, for
+    the reduction out of the peers' memory."""
     import pyc10d as dist
-    from pyc10d.backends import shm
+    import pyc10d.functional  # (no import changes a call's path)
+    import pyc10d.symmetric_memory as symm
+    import pyc10d.window
 
-    if not symmetric:  # (this worker may have imported pyc10d.symmetric_memory before)
-        shm.symmetric_allreduce = None
-    else:
-        import pyc10d.symmetric_memory  # installs the backend's seam
+    name = dist.group.WORLD.group_name
+    if symmetric:
+        symm.enable_symm_mem_for_group(name)
     general = _count_general(_engine(dist))
     wrong = 0
+    want = [torch.arange(65536, dtype=torch.float32) * (ws * (ws + 1) / 2) + ws * i for i in range(3)]
     for i in range(3):
         t = torch.arange(65536, dtype=torch.float32) * (rank + 1) + i
         dist.all_reduce(t)
-        wrong += not torch.equal(t, torch.arange(65536, dtype=torch.float32) * (ws * (ws + 1) / 2) + ws * i)
+        wrong += not torch.equal(t, want[i])
+    if symmetric:
+        s = symm.empty_strided_p2p((65536,), (1,), torch.float32, "cpu", name)
+        for i in range(2):
+            s.copy_(torch.arange(65536, dtype=torch.float32) * (rank + 1) + i)
+            dist.all_reduce(s)
+            wrong += not torch.equal(s, want[i])
     return {"general": general, "wrong": wrong}
 
 
@@ -187,6 +197,7 @@ def _medium(rank: int, ws: int, symmetric: bool) -> dict:
 def test_medium_all_reduce_on_the_lane(symmetric: bool) -> None:
     for r in run_ranks("shm", 2, _medium, symmetric):
         assert r["wrong"] == 0
+        # the first opens the arena; the symmetric tensor's two reductions leave the lane
         assert r["general"] == ["allreduce"] * (3 if symmetric else 1)
 
 
@@ -530,3 +541,37 @@ def test_plugin_sync_calls_answer_one_refilled_work() -> None:
         assert r["same_work"]
         assert r["released"]
         assert r["values"] == [6.0] * 4  # 1 + 2, then 3 + 3
+
+
+def _refused_before_the_lane(rank: int, ws: int, module: str) -> list[str]:
+    """Calls the table refuses raise on every try, an empty tensor too: the lane never runs
+    them (its step is cached per key, so the second try is the one a lane would take)."""
+    import importlib
+
+    dist = importlib.import_module(module)
+    dist.all_reduce(torch.ones(2))  # the arena / connections open
+    errors = []
+    calls = [("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(
+                 torch.empty((8, 0), dtype=torch.int4), torch.empty((4, 0), dtype=torch.int4))),
+             ("all_reduce", lambda: dist.all_reduce(torch.empty((0,), dtype=torch.uint4))),
+             ("all_reduce", lambda: dist.all_reduce(torch.zeros(3, dtype=torch.bool), op=dist.ReduceOp.AVG))]
+    for name, call in calls:
+        for _ in range(3):
+            try:
+                call()
+                errors.append(f"{name}: ran")
+            except (RuntimeError, ValueError) as e:
+                errors.append("refused" if ("invalid scalar type" in str(e) or "not supported" in str(e))
+                              else f"{name}: {e}")
+    t = torch.ones(2) * (rank + 1)
+    dist.all_reduce(t)
+    errors.append("works" if t.tolist() == [3.0, 3.0] else f"after: {t.tolist()}")
+    return errors
+
+
+@pytest.mark.parametrize("backend,module", [("shm", "pyc10d"), ("tcp", "pyc10d"),
+                                            ("pyc10d_tcp", "torch.distributed"),
+                                            ("pyc10d_shm", "torch.distributed")])
+def test_a_call_the_table_refuses_never_takes_the_lane(backend: str, module: str) -> None:
+    for got in run_ranks(backend, 2, _refused_before_the_lane, module, dist_module=module):
+        assert got == ["refused"] * 9 + ["works"], got
