@@ -82,8 +82,6 @@ class EngineCore:
     _started: Any = None
     #: Shrinks of this group so far: the next one's name (``shrink_name``).
     _shrinks = 0
-    #: Fingerprint every collective's messages (``PYC10D_DESYNC_CHECK=0`` turns it off).
-    desync_check = settings.DESYNC_CHECK.get()
 
     def __init__(
         self,
@@ -102,6 +100,12 @@ class EngineCore:
         self.group_key = group_key(group_name)
         self.options = Options.of(options) if options is not None else Options()
         self._owns_transport = owns_transport
+        #: Fingerprint every collective's messages (``PYC10D_DESYNC_CHECK=0`` turns it off),
+        #: as the variable says when the group is made.
+        self.desync_check: bool = settings.DESYNC_CHECK.get()
+        #: Seconds a receive waits while its sender's messages sit on other tags of the group
+        #: before the mismatch is reported (``PYC10D_P2P_MISMATCH_S``; 0 turns the check off).
+        self.tag_mismatch_s: float = settings.P2P_MISMATCH_S.get()
         self._seq = 0
         self._lock = threading.Lock()
         # Whoever runs an operation holds ``_exec`` and takes it off the head of ``_jobs``

@@ -16,7 +16,7 @@ import torch
 from torch.autograd import profiler as torch_profiler
 
 from .. import algorithms as algo
-from .. import settings, threads
+from .. import threads
 from ..algorithms import profiling
 from ..errors import DistBackendError, DistError, DistTimeoutError
 from ..types import BarrierOptions
@@ -25,11 +25,6 @@ from .accepts import check_tensors
 from .base import _P2P_BIT, EngineCore
 from .staging import host, writeback
 from .work import CompletedWork, Work
-
-#: Seconds a receive waits while its sender's messages sit on other tags of the group before
-#: the mismatch is reported (``PYC10D_P2P_MISMATCH_S``; 0 turns the check off). A program that
-#: really sends the awaited tag later than this after another tag is told it mismatched.
-TAG_MISMATCH_S = settings.P2P_MISMATCH_S.get()
 
 
 class RecvWork(Work):
@@ -48,15 +43,15 @@ class RecvWork(Work):
         """Wait for the message; raise (and abort the group) if meanwhile the sender's only
         messages here are on other tags: a tag mismatch would otherwise wait out the timeout."""
         pending, engine = self._pending, self._engine
-        if engine is None or self._source_rank < 0 or TAG_MISMATCH_S <= 0:
-            return
+        if engine is None or self._source_rank < 0 or engine.tag_mismatch_s <= 0:
+            return  # (a program that really sends the tag later than that is told it mismatched)
         handle, comm, waited = pending.handle, pending.comm, 0.0
         peer = comm.ranks[self._source_rank]
         while not handle.settle(min(0.25, max(comm.remaining(), 0.0))):
             waited += 0.25
             if comm.remaining() <= 0:
                 return
-            if waited < TAG_MISMATCH_S:
+            if waited < engine.tag_mismatch_s:
                 continue
             tags = sorted(c & 0x7FFFFFFF for c in comm.transport.unexpected_from(peer, engine.group_key)
                           if c & _P2P_BIT)

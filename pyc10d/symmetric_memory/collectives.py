@@ -61,13 +61,13 @@ def _divider(n: int, dtype: torch.dtype):
     return lambda x: x.div_(n)
 
 
-#: Bytes of the tensor reduced per step. A rank copies its peers' reduced slices of a chunk
-#: soon after they wrote them, so what a step touches on all ranks together (about twice
-#: the chunk) should stay well inside the shared L3 (32 MiB here); every chunk costs about
-#: 15 us of Python calls and signals per rank (30 us at 4 ranks on 2 cores), and more when
-#: ranks outnumber free cores. 4 MiB measured best here: 1 MiB was as fast at 2 ranks on a
-#: quiet host, but 10-30% slower at 4 ranks or with other work on the cores.
-CHUNK_BYTES = settings.SYMM_CHUNK_BYTES.get()
+# The chunk, ``PYC10D_SYMM_CHUNK_BYTES`` (read at each call), is the bytes of the tensor reduced
+# per step. A rank copies its peers' reduced slices of a chunk
+# soon after they wrote them, so what a step touches on all ranks together (about twice
+# the chunk) should stay well inside the shared L3; every chunk costs Python calls and
+# signals per rank, more when ranks outnumber free cores. 4 MiB (the default) measured best
+# on a 2-core host: 1 MiB was as fast at 2 ranks on a quiet host, slower at 4 ranks or with
+# other work on the cores.
 
 
 def two_shot_all_reduce_(t: torch.Tensor, reduce_op: str = "sum", group_name: str | None = None) -> torch.Tensor:
@@ -87,7 +87,7 @@ def two_shot_all_reduce_(t: torch.Tensor, reduce_op: str = "sum", group_name: st
     h, peers = _peers(t, group_name, "two_shot_all_reduce_")
     n, me, numel = h.world_size, h.rank, t.numel()
     divide = _divider(n, t.dtype) if reduce_op.lower() == "avg" else None
-    step = max(n, CHUNK_BYTES // max(1, t.element_size()))
+    step = max(n, settings.SYMM_CHUNK_BYTES.get() // max(1, t.element_size()))
     chunks = [(lo, min(lo + step, numel)) for lo in range(0, numel, step)] or [(0, 0)]
     bounds = [[(lo + p * (hi - lo) // n, lo + (p + 1) * (hi - lo) // n) for p in range(n)] for lo, hi in chunks]
     others = [(me + j) % n for j in range(1, n)]

@@ -61,9 +61,10 @@ def _body(rank: int, ws: int) -> str:
 
 @pytest.mark.parametrize("chunk", [None, 4096], ids=["one-chunk", "many-chunks"])
 @pytest.mark.parametrize("ws", [2, 3])
-def test_all_reduce_of_symmetric_tensor(ws: int, chunk: int | None) -> None:
-    patches = {"pyc10d.symmetric_memory.collectives.CHUNK_BYTES": chunk} if chunk else None
-    assert run_ranks("shm", ws, _body, timeout=40, patches=patches) == ["raised"] * ws
+def test_all_reduce_of_symmetric_tensor(ws: int, chunk: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    if chunk:
+        monkeypatch.setenv("PYC10D_SYMM_CHUNK_BYTES", str(chunk))
+    assert run_ranks("shm", ws, _body, timeout=40) == ["raised"] * ws
 
 
 def _avg_of_random_values(rank: int, ws: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,11 +81,11 @@ def _avg_of_random_values(rank: int, ws: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 @pytest.mark.parametrize("ws", [2, 3])
-def test_avg_divided_once_and_the_same_on_every_rank(ws: int) -> None:
+def test_avg_divided_once_and_the_same_on_every_rank(ws: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The symmetric path divides an AVG itself, chunk by chunk (the arena divides after):
     its result must match the arena's to rounding and be bit-identical across ranks."""
-    results = run_ranks("shm", ws, _avg_of_random_values, timeout=40,
-                        patches={"pyc10d.symmetric_memory.collectives.CHUNK_BYTES": 4096})
+    monkeypatch.setenv("PYC10D_SYMM_CHUNK_BYTES", "4096")
+    results = run_ranks("shm", ws, _avg_of_random_values, timeout=40)
     numel = results[0][0].numel()
     want = sum(torch.randn(numel, generator=torch.Generator().manual_seed(r)) for r in range(ws)) / ws
     for sym, plain in results:

@@ -252,6 +252,6 @@ def _all_reduce_with_a_slow_rank(rank: int, ws: int) -> None:
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_all_reduce_with_a_slow_rank(world_size: int) -> None:
-    run_ranks("shm", world_size, _all_reduce_with_a_slow_rank,
-              patches={"pyc10d.symmetric_memory.collectives.CHUNK_BYTES": 1024})
+def test_all_reduce_with_a_slow_rank(world_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYC10D_SYMM_CHUNK_BYTES", "1024")  # many chunks (read at each call)
+    run_ranks("shm", world_size, _all_reduce_with_a_slow_rank)
