@@ -86,7 +86,7 @@ STREAM_BYTES, STREAM_MESSAGES = 16 << 20, 4
 def _stream(rank: int) -> float:
     n = STREAM_BYTES // 4
     buf = torch.empty(n)
-    for i in range(STREAM_MESSAGES + 1):  # message 0 warms up (connections, lanes)
+    for i in range(STREAM_MESSAGES + 1):  # message 0 warms up (connections, links)
         if i == 1:
             dist.barrier()
             start = time.monotonic()

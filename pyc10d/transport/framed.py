@@ -30,7 +30,7 @@ KIND_DATA, KIND_ABORT, KIND_BYE, KIND_PING = 0, 1, 2, 3  # a ping: see ``heartbe
 _KINDS = (KIND_DATA, KIND_ABORT, KIND_BYE, KIND_PING)
 # An abort carries a reason, a goodbye nothing: anything longer is not one of ours.
 MAX_CONTROL_BYTES = 64 * 1024
-STRIPES_SHIFT = 8  # a frame's kind field: its kind in the low bits, its stripes above (lanes)
+STRIPES_SHIFT = 8  # a frame's kind field: its kind in the low bits, its stripes above (links)
 _KIND_MASK = (1 << STRIPES_SHIFT) - 1
 MAX_STRIPES = 16
 _DEFAULT_MAX_MESSAGE = 1 << 36
@@ -52,7 +52,7 @@ class BadFrame(DistNetworkError):
 def check_header(kind: int, nbytes: int, max_message: int) -> int:
     """Raise ``BadFrame`` unless a frame of ``kind`` may carry ``nbytes`` of payload; the
     number of stripes it comes in (0: one piece; a data frame may come in 2 to
-    ``MAX_STRIPES``, see ``lanes``)."""
+    ``MAX_STRIPES``, see ``links``)."""
     stripes = kind >> STRIPES_SHIFT
     if stripes and kind & ((1 << STRIPES_SHIFT) - 1) == KIND_DATA and 2 <= stripes <= MAX_STRIPES:
         kind = KIND_DATA
@@ -128,7 +128,7 @@ class FramedTransport(Transport):
         """Stop talking to ``peer`` after it sent garbage (tcp: shut its socket down)."""
 
     def _read_stripes(self, peer: int, stripes: int, view: memoryview) -> None:
-        """Fill ``view`` with a payload ``peer`` sent in ``stripes`` stripes (tcp's lanes)."""
+        """Fill ``view`` with a payload ``peer`` sent in ``stripes`` stripes (tcp's links)."""
         raise BadFrame(f"it sent a message in {stripes} stripes, which this transport does not take")
 
     def _pump(self, peer: int, read: Callable[[memoryview, bool], None]) -> None:

@@ -115,7 +115,7 @@ def _check(reports: dict, backend: str) -> None:
 
 
 #: ``make test``: every group on ``auto`` (hierarchical); flat tcp's are ``full`` (``make
-#: test-full``; flat tcp across hosts also runs in test_multihost_ipv6 and test_multihost_lanes).
+#: test-full``; flat tcp across hosts also runs in test_multihost_ipv6 and test_multihost_links).
 TWO_BY_TWO = [pytest.param(b, g, id=f"{b}-{g}", marks=[pytest.mark.full] if b == "tcp" else [])
               for b in ("auto", "tcp") for i, g in enumerate(GROUPS)]
 

@@ -1,6 +1,6 @@
 """Interface addresses beyond the IPv4 cases of tests/test_launchers.py: IPv6 (read from
 ``/proc/net/if_inet6``, link-local and tentative ones left out), IPv6 preferred towards an
-IPv6 store, and one address per listed interface (lanes)."""
+IPv6 store, and one address per listed interface (links)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_one_address_per_listed_interface() -> None:
         choose_interfaces("wlan", addrs)
 
 
-def test_socket_addr_lists_lanes() -> None:
+def test_socket_addr_lists_links() -> None:
     assert advertised_addresses({"PYC10D_SOCKET_ADDR": "10.0.0.5,[fd00::5]"}, "10.0.0.1", 0) == \
         ["10.0.0.5", "fd00::5"]
     assert advertised_addresses({}, "::1", 0) == ["::1"]  # a single-host job on IPv6 loopback

@@ -2,7 +2,7 @@
 
 * ``transport.py``: ``TCPTransport``: joining through the store, the dial/accept race,
   the receiver threads, the data path, heartbeats and shutdown;
-* ``listener.py``: the accepting side (TLS, the auth token, the hello), ``lanes.py``: more
+* ``listener.py``: the accepting side (TLS, the auth token, the hello), ``links.py``: more
   connections per pair over several addresses, large frames striped over them;
 * ``direct.py``: a synchronous caller reading and writing its peers' sockets itself (the
   lean lane), ``owner.py``: who reads a socket now, and how long a caller spins;

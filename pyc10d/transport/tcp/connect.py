@@ -7,7 +7,7 @@ peer which never connected is gone; tune each socket (``sockbuf_bytes``).
 
 ``Connections`` is a mixin of ``TCPTransport`` (``transport.py``), whose constructor makes the
 state it uses (``socks``, ``send_locks``, ``owners``, ``_cond``, ``_dialing``, ``_probing``,
-``_addrs``, ``_listener``, ``_lanes``) and whose ``_receive_loop`` each new connection starts.
+``_addrs``, ``_listener``, ``_links``) and whose ``_receive_loop`` each new connection starts.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from ...errors import DistNetworkError, DistTimeoutError, with_message
 from ...hostport import format_hostport
 from ...store.base import Store, store_chain
 from ..cpus import oversubscribed
-from .lanes import Lanes
+from .links import Links
 from .listener import ACCEPTED, HELLO, USE_OTHER, Listener
 from .netif import advertised_addresses
 from .owner import Owner
 
 
 def _advertised_hosts(store: Store, rank: int) -> list[str]:
-    """The addresses peers dial for this rank (several: lanes, see ``lanes``): ``netif``
+    """The addresses peers dial for this rank (several: links, see ``links``): ``netif``
     decides, given the store's host (or, for a file store, that other hosts may share it)."""
     store_host, shared_file = None, False
     for s in store_chain(store):
@@ -87,9 +87,9 @@ class Connections:
     def _join(self, store: Store, timeout: float) -> None:
         """Listen, publish ``host:port:nonce``, and wait until every rank has published."""
         hosts = _advertised_hosts(store, self.rank)
-        self._lanes = Lanes(self.rank, hosts, self._secret, enabled=not tls.enabled(), tune=self._tune_lane)
+        self._links = Links(self.rank, hosts, self._secret, enabled=not tls.enabled(), tune=self._tune_link)
         # A caller may read and write its peers' sockets itself (``direct``), except under TLS
-        # and where large messages may be striped over several addresses (``lanes``).
+        # and where large messages may be striped over several addresses (``links``).
         self._direct_ok = not tls.enabled() and len(hosts) == 1
         self._listener = Listener(self.rank, self.size, hosts, self._secret, self._admit)
         store.set(f"tcp_addr/{self.rank}", f"{','.join(hosts)}:{self._listener.port}:{self._listener.nonce}")
@@ -146,18 +146,18 @@ class Connections:
         self._threads.append(t)
         self._cond.notify_all()
 
-    def _admit(self, peer: int, sock: socket.socket, lane: int = 0) -> str | None:
+    def _admit(self, peer: int, sock: socket.socket, link: int = 0) -> str | None:
         """The listener vetted a hello from ``peer``: take the connection, or tell the dialer
         to use the one this rank dialled. A reason string refuses it (the listener logs it).
-        A lane (``lane`` > 0) is always taken (see ``lanes``)."""
+        A link (``link`` > 0) is always taken (see ``links``)."""
         with self._cond:
             if self._closing:
                 return "this rank is shutting down"
             if peer in self.mailbox.dead:
                 return f"rank {peer} was dropped already ({self.mailbox.dead[peer]})"
-            if lane:
-                assert self._lanes is not None
-                self._lanes.admit(peer, lane, sock)
+            if link:
+                assert self._links is not None
+                self._links.admit(peer, link, sock)
                 return None
             if self.socks[peer] is not None or (self._dialing[peer] and self.rank > peer):
                 sock.sendall(USE_OTHER)
@@ -199,12 +199,12 @@ class Connections:
         hosts, port, nonce = self._addrs[peer].rsplit(":", 2)
         return hosts.split(",")[0], port, nonce
 
-    def _lane_hosts(self, peer: int) -> list[str]:
-        """Every address ``peer`` published (one per lane; see ``lanes``)."""
+    def _link_hosts(self, peer: int) -> list[str]:
+        """Every address ``peer`` published (one per link; see ``links``)."""
         self._address(peer)
         return self._addrs[peer].rsplit(":", 2)[0].split(",")
 
-    def _tune_lane(self, sock: socket.socket) -> None:
+    def _tune_link(self, sock: socket.socket) -> None:
         _tune(sock, sockbuf_bytes(_is_local(sock), self._ranks_on_host()))
         keepalive.apply(sock, self.peer_timeout)
 

@@ -448,7 +448,7 @@ class DirectIO:
         try:
             frame = read_header(self._unpack, st.header, self.max_message)
             if frame.stripes:
-                raise BadFrame("it sent a striped message over a connection without lanes")
+                raise BadFrame("it sent a striped message over a connection without links")
         except BadFrame as e:
             self._ended(st, e)
             return

@@ -18,7 +18,7 @@ A vetted hello is handed to ``admit(peer, sock)``, which answers the dialer with
 or ``USE_OTHER`` (the pair has, or is about to have, the connection this rank dialled), or
 returns a reason to refuse it.
 
-A dialer's hello may name a lane (``LANE_SHIFT``): an extra connection that carries only the
+A dialer's hello may name a link (``LINK_SHIFT``): an extra connection that carries only the
 stripes of large messages (see ``tcp``), accepted only when this rank has that many
 addresses. The socket listens on every address of the family of the rank's addresses (IPv6:
 dual-stack, so IPv4 peers get in too), or on the one loopback address a single-host job uses.
@@ -39,11 +39,11 @@ from ...admission import TIMEOUT_S, Admission, Refused
 from ...hostport import family_of, format_hostport
 from .netif import is_loopback
 
-HELLO = struct.Struct("<Iq")  # the dialer's rank (and lane), the nonce this rank published
-# The hello's first field: the dialer's rank in the low bits, a lane above (0: the pair's
+HELLO = struct.Struct("<Iq")  # the dialer's rank (and link), the nonce this rank published
+# The hello's first field: the dialer's rank in the low bits, a link above (0: the pair's
 # connection). Ranks stay below 2**24.
-LANE_SHIFT = 24
-RANK_MASK = (1 << LANE_SHIFT) - 1
+LINK_SHIFT = 24
+RANK_MASK = (1 << LINK_SHIFT) - 1
 ACCEPTED, USE_OTHER = b"\x01", b"\x00"
 # A connection to a rank's listener has this long to authenticate and say hello.
 HELLO_TIMEOUT_S = TIMEOUT_S
@@ -67,7 +67,7 @@ class Listener:
 
     def __init__(self, rank: int, size: int, hosts: Sequence[str], secret: bytes | None,
                  admit: Callable[[int, socket.socket, int], str | None]) -> None:
-        self.rank, self.size, self.lanes = rank, size, len(hosts)
+        self.rank, self.size, self.links = rank, size, len(hosts)
         self._secret = secret
         self._tls = tls.context(server_side=True)
         self._admit = admit
@@ -163,7 +163,7 @@ class Listener:
 
     def _hello(self, p: _Pending) -> None:
         field, got_nonce = HELLO.unpack(p.got[:HELLO.size])
-        peer, lane = field & RANK_MASK, field >> LANE_SHIFT
+        peer, link = field & RANK_MASK, field >> LINK_SHIFT
         if len(p.got) > HELLO.size:
             self._refuse(p, "it sent more than a hello before its answer")
         elif got_nonce != self.nonce:
@@ -171,13 +171,13 @@ class Listener:
         elif not (0 <= peer < self.size and peer != self.rank):
             self._refuse(p, f"it claims rank {peer}, not a peer of rank {self.rank} "
                             f"in a world of {self.size}")
-        elif lane >= self.lanes:
-            self._refuse(p, f"rank {peer} asks for lane {lane}; rank {self.rank} has {self.lanes}")
+        elif link >= self.links:
+            self._refuse(p, f"rank {peer} asks for link {link}; rank {self.rank} has {self.links}")
         else:
             self._forget(p)
             p.sock.setblocking(True)
             try:
-                reason = self._admit(peer, p.sock, lane)
+                reason = self._admit(peer, p.sock, link)
             except OSError as e:  # the dialer went away before hearing the answer
                 reason = f"answering its hello failed: {e}"
             if reason is not None:

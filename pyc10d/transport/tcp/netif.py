@@ -2,7 +2,7 @@
 
 In order:
 
-1. ``PYC10D_SOCKET_ADDR``: that address, as given (a comma list: one per lane, see below).
+1. ``PYC10D_SOCKET_ADDR``: that address, as given (a comma list: one per link, see below).
 2. ``PYC10D_SOCKET_IFNAME``, else torch's ``GLOO_SOCKET_IFNAME``: the address of the first
    interface the spec selects. NCCL's syntax: ``eth0,ib`` (a comma list of name prefixes,
    tried in order), ``^docker0,lo`` (any interface but those prefixes, non-loopback first),
@@ -24,7 +24,7 @@ host is an IPv6 address, or a name that resolves to IPv6 only), its first IPv6 a
 is neither link-local (``fe80::/10`` needs a scope id the peers' hosts cannot know) nor still
 tentative (duplicate address detection not done: it cannot be bound yet).
 
-Lanes (``advertised_addresses``): a positive interface list names one interface per entry,
+Links (``advertised_addresses``): a positive interface list names one interface per entry,
 ``eth0,eth1``: each entry that matches an interface not picked already adds an address, in
 the list's order. A rank that advertises several addresses takes one connection per address
 pair (same index) to a peer that advertises several too, and stripes large messages over
@@ -167,7 +167,7 @@ def _prefers_ipv6(store_host: str | None) -> bool:
 def choose_interfaces(spec: str, addrs: Mapping[str, str]) -> list[tuple[str, str]]:
     """The ``(name, address)`` pairs an ``*_SOCKET_IFNAME`` spec picks out of ``addrs``: one
     per entry of a positive list that matches an interface not picked yet, in the list's
-    order (the lanes); the one interface an exclusion (``^...``) leaves first."""
+    order (the links); the one interface an exclusion (``^...``) leaves first."""
     text = spec.strip()
     exclude = text.startswith("^")
     text = text[1:] if exclude else text
@@ -238,7 +238,7 @@ def advertised_address(env: Mapping[str, str], store_host: str | None, rank: int
 
 def advertised_addresses(env: Mapping[str, str], store_host: str | None, rank: int,
                          shared_file: bool = False) -> list[str]:
-    """Every address rank ``rank`` publishes, one per lane; the first is its address (see
+    """Every address rank ``rank`` publishes, one per link; the first is its address (see
     the module docstring)."""
     store_host = None if store_host is None else unbracket(store_host)
     local_store = store_host is None or store_host in _LOOPBACK_NAMES or is_loopback(store_host)

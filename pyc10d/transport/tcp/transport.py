@@ -32,7 +32,7 @@ from ..framed import KIND_DATA, KIND_PING, STRIPES_SHIFT, BadFrame, FramedTransp
 from . import heartbeat
 from .connect import Connections
 from .direct import OVERSUBSCRIBED_DIRECT_MAX, DirectIO
-from .lanes import STRIPE_MIN_BYTES, Lanes, recv_stripes, send_stripes
+from .links import STRIPE_MIN_BYTES, Links, recv_stripes, send_stripes
 from .listener import ACCEPTED, Listener
 from .owner import Owner, spin_seconds, spin_yields
 
@@ -102,7 +102,7 @@ class TCPTransport(Connections, FramedTransport):
         self._addrs: list[str] = []  # every rank's ``host:port:nonce``, read at the first dial
         self._addrs_lock = threading.Lock()
         self._listener: Listener | None = None
-        self._lanes: Lanes | None = None
+        self._links: Links | None = None
         # Who reads each peer's socket: its receiver thread, or a synchronous caller
         # (``direct``); none under TLS, whose records a caller cannot read in part.
         self.owners: dict[int, Owner] = {}
@@ -144,15 +144,15 @@ class TCPTransport(Connections, FramedTransport):
         sock = self.socks[peer]
         if sock is None:
             sock = self._connection(peer)
-        lanes = self._lanes_to(peer) if kind == KIND_DATA and len(data) >= STRIPE_MIN_BYTES else None
-        if lanes:
-            kind |= (len(lanes) + 1) << STRIPES_SHIFT
+        links = self._links_to(peer) if kind == KIND_DATA and len(data) >= STRIPE_MIN_BYTES else None
+        if links:
+            kind |= (len(links) + 1) << STRIPES_SHIFT
         header = _HEADER.pack(channel, len(data), meta, kind)
         try:
             with self.send_locks[peer]:
-                if lanes:
+                if links:
                     sock.sendall(header)
-                    send_stripes([sock, *lanes], data, lambda: self._check_reachable(peer))
+                    send_stripes([sock, *links], data, lambda: self._check_reachable(peer))
                 elif len(data) <= _SMALL:
                     sock.sendall(header + data)
                 else:
@@ -163,21 +163,21 @@ class TCPTransport(Connections, FramedTransport):
         except OSError as e:
             raise self.mailbox.explain_loss(peer, f"send failed: {e}") from e
 
-    def _lanes_to(self, peer: int) -> list[socket.socket]:
-        """This rank's lanes to ``peer`` ([] when either has one address, or under TLS)."""
-        assert self._lanes is not None
-        if not self._lanes.enabled:
+    def _links_to(self, peer: int) -> list[socket.socket]:
+        """This rank's links to ``peer`` ([] when either has one address, or under TLS)."""
+        assert self._links is not None
+        if not self._links.enabled:
             return []
         _, port, nonce = self._address(peer)
-        return self._lanes.outgoing(peer, self._lane_hosts(peer), int(port), int(nonce),
+        return self._links.outgoing(peer, self._link_hosts(peer), int(port), int(nonce),
                                     min(self._timeout_s, 30.0))
 
     def _read_stripes(self, peer: int, stripes: int, view: memoryview) -> None:
         sock = self.socks[peer]
-        lanes = None if self._lanes is None else self._lanes.incoming(peer, stripes)
-        if sock is None or lanes is None:
-            raise BadFrame(f"it sent a message in {stripes} stripes over lanes it did not open")
-        recv_stripes([sock, *lanes], view, lambda: self._check_reachable(peer))
+        links = None if self._links is None else self._links.incoming(peer, stripes)
+        if sock is None or links is None:
+            raise BadFrame(f"it sent a message in {stripes} stripes over links it did not open")
+        recv_stripes([sock, *links], view, lambda: self._check_reachable(peer))
 
     def _receive_loop(self, peer: int, sock: socket.socket, unanswered: bool, own: Owner | None) -> None:
         if unanswered and not self._answered(peer, sock):
@@ -217,8 +217,8 @@ class TCPTransport(Connections, FramedTransport):
         return False
 
     def _drop(self, peer: int) -> None:
-        if self._lanes is not None:
-            self._lanes.drop(peer)
+        if self._links is not None:
+            self._links.drop(peer)
         sock = self.socks[peer]
         if sock is not None:
             try:
@@ -283,6 +283,6 @@ class TCPTransport(Connections, FramedTransport):
         for sock in self.socks:
             if sock is not None:
                 sock.close()
-        if self._lanes is not None:
-            self._lanes.close()
+        if self._links is not None:
+            self._links.close()
         self.mailbox.fail_all(DistNetworkError(f"rank {self.rank}: transport closed"))

@@ -1,25 +1,25 @@
-"""Lanes: extra TCP connections per peer pair, one per further network interface, that carry
+"""Links: extra TCP connections per peer pair, one per further network interface, that carry
 the stripes of large messages (``PYC10D_SOCKET_IFNAME=eth0,eth1``).
 
-One TCP connection goes over one interface, so a rank with two links to the network would
+One TCP connection goes over one interface, so a rank with two network interfaces would
 use one of them. A rank that advertises several addresses (see ``netif``) dials, on its first
 large message to a peer that advertises several too, one connection per further address
-pair of the same index — lane ``i`` from its ``i``-th address to the peer's ``i``-th — and
+pair of the same index — link ``i`` from its ``i``-th address to the peer's ``i``-th — and
 from then on splits every data frame of at least ``STRIPE_MIN_BYTES`` into as many
-contiguous stripes as there are lanes plus the pair's connection.
+contiguous stripes as there are links plus the pair's connection.
 
 The pair's connection keeps the order: the frame's header goes there, as for any message,
 with the number of stripes in the kind's upper bits (``framed.STRIPES_SHIFT``), followed by the
-first stripe; stripe ``i`` goes on lane ``i``. Lanes are one-way (each sender dials its own),
-so they need none of the pair's race settling, and a lane carries nothing but stripes, in
+first stripe; stripe ``i`` goes on link ``i``. Links are one-way (each sender dials its own),
+so they need none of the pair's race settling, and a link carries nothing but stripes, in
 the order of their headers on the pair's connection: the peer's receiver, having read a
 striped header, reads the stripes from all its connections at once (``recv_stripes``: one
 thread polling them, straight into the destination buffer), as the sender writes them at
 once (``send_stripes``). The many-connection I/O stays on the threads that already do it.
 
-A lane that cannot be dialled (an address the peer's host cannot reach) leaves that peer
-without lanes, with a warning: its messages go whole over the pair's connection. Lanes are
-not used with TLS (one handshake per lane and ``ssl`` sockets take no flags).
+A link that cannot be dialled (an address the peer's host cannot reach) leaves that peer
+without links, with a warning: its messages go whole over the pair's connection. Links are
+not used with TLS (one handshake per link and ``ssl`` sockets take no flags).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from ... import auth
 from ...hostport import format_hostport
 from ..framed import MAX_STRIPES
-from .listener import ACCEPTED, HELLO, LANE_SHIFT
+from .listener import ACCEPTED, HELLO, LINK_SHIFT
 
 # Data frames at least this large are striped: a ring segment (1 MiB at most) too, since a
 # job that lists several interfaces wants its collectives spread over them.
@@ -92,9 +92,9 @@ def recv_stripes(socks: Sequence[socket.socket], view: memoryview, check: Callab
     _pump(socks, views, select.POLLIN, lambda s, v: s.recv_into(v, len(v), socket.MSG_DONTWAIT), check)
 
 
-class Lanes:
-    """A rank's lanes: those it dialled (``outgoing``, per peer) and those peers dialled to it
-    (``admit``). ``hosts``: the rank's advertised addresses (lane ``i`` leaves from ``hosts[i]``)."""
+class Links:
+    """A rank's links: those it dialled (``outgoing``, per peer) and those peers dialled to it
+    (``admit``). ``hosts``: the rank's advertised addresses (link ``i`` leaves from ``hosts[i]``)."""
 
     def __init__(self, rank: int, hosts: Sequence[str], secret: bytes | None, enabled: bool,
                  tune: Callable[[socket.socket], None]) -> None:
@@ -105,27 +105,27 @@ class Lanes:
         self._lock = threading.Lock()
         self._dialing: dict[int, threading.Lock] = {}
 
-    def admit(self, peer: int, lane: int, sock: socket.socket) -> None:
-        """Take lane ``lane`` from ``peer`` (the listener vetted its hello) and answer it."""
+    def admit(self, peer: int, link: int, sock: socket.socket) -> None:
+        """Take link ``link`` from ``peer`` (the listener vetted its hello) and answer it."""
         self._tune(sock)
         # Registered before the answer: the dialer stripes its next message as soon as it reads
-        # it, and this rank's receiver must find the lane then (answered first, a loaded host
-        # read a striped header before the lane was in ``_in`` and dropped the peer).
+        # it, and this rank's receiver must find the link then (answered first, a loaded host
+        # read a striped header before the link was in ``_in`` and dropped the peer).
         with self._lock:
-            old = self._in.setdefault(peer, {}).get(lane)
-            self._in[peer][lane] = sock
+            old = self._in.setdefault(peer, {}).get(link)
+            self._in[peer][link] = sock
         if old is not None:
             old.close()
         try:
             sock.sendall(ACCEPTED)
         except OSError:
             with self._lock:
-                if self._in.get(peer, {}).get(lane) is sock:
-                    del self._in[peer][lane]
+                if self._in.get(peer, {}).get(link) is sock:
+                    del self._in[peer][link]
             raise
 
     def incoming(self, peer: int, count: int) -> list[socket.socket] | None:
-        """``peer``'s lanes 1..count-1 to this rank, or None if one is missing."""
+        """``peer``'s links 1..count-1 to this rank, or None if one is missing."""
         with self._lock:
             have = self._in.get(peer, {})
             socks = [have.get(i) for i in range(1, count)]
@@ -133,7 +133,7 @@ class Lanes:
 
     def outgoing(self, peer: int, peer_hosts: Sequence[str], port: int, nonce: int,
                  timeout: float) -> list[socket.socket]:
-        """This rank's lanes to ``peer`` (dialled on first use; [] when the pair has none)."""
+        """This rank's links to ``peer`` (dialled on first use; [] when the pair has none)."""
         got = self._out.get(peer)
         if got is not None or not self.enabled:
             return got or []
@@ -148,29 +148,29 @@ class Lanes:
                   timeout: float) -> list[socket.socket]:
         count = min(len(self.hosts), len(peer_hosts), MAX_STRIPES)
         socks: list[socket.socket] = []
-        for lane in range(1, count):
+        for link in range(1, count):
             try:
-                socks.append(self._dial(peer, lane, peer_hosts[lane], port, nonce, timeout))
+                socks.append(self._dial(peer, link, peer_hosts[link], port, nonce, timeout))
             except (OSError, auth.AuthError) as e:
-                log.warning("tcp transport: rank %d could not open lane %d (%s -> %s) to rank %d: "
+                log.warning("tcp transport: rank %d could not open link %d (%s -> %s) to rank %d: "
                             "%s; its messages to rank %d go over one connection",
-                            self.rank, lane, self.hosts[lane], format_hostport(peer_hosts[lane], port),
+                            self.rank, link, self.hosts[link], format_hostport(peer_hosts[link], port),
                             peer, e, peer)
                 for s in socks:
                     s.close()
                 return []
         return socks
 
-    def _dial(self, peer: int, lane: int, host: str, port: int, nonce: int, timeout: float) -> socket.socket:
-        sock = socket.create_connection((host, port), timeout=timeout, source_address=(self.hosts[lane], 0))
+    def _dial(self, peer: int, link: int, host: str, port: int, nonce: int, timeout: float) -> socket.socket:
+        sock = socket.create_connection((host, port), timeout=timeout, source_address=(self.hosts[link], 0))
         try:
             if self._secret is not None:
                 auth.authenticate(sock, self._secret, f"tcp transport: rank {self.rank} failed to "
-                                                      f"authenticate lane {lane} with rank {peer}")
-            sock.sendall(HELLO.pack(self.rank | lane << LANE_SHIFT, nonce))
+                                                      f"authenticate link {link} with rank {peer}")
+            sock.sendall(HELLO.pack(self.rank | link << LINK_SHIFT, nonce))
             answer = sock.recv(1)
             if answer != ACCEPTED:
-                raise ConnectionRefusedError(f"rank {peer} refused the lane (answer {answer!r}; see its log)")
+                raise ConnectionRefusedError(f"rank {peer} refused the link (answer {answer!r}; see its log)")
             sock.settimeout(None)
             self._tune(sock)
             return sock
@@ -179,7 +179,7 @@ class Lanes:
             raise
 
     def drop(self, peer: int) -> None:
-        """Shut ``peer``'s lanes down (it is lost): a stripe loop on them ends at once."""
+        """Shut ``peer``'s links down (it is lost): a stripe loop on them ends at once."""
         with self._lock:
             socks = list(self._out.get(peer, [])) + list(self._in.get(peer, {}).values())
         for s in socks:

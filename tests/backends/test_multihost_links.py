@@ -2,7 +2,7 @@
 ``eth0`` on one bridge, ``eth1`` on another), every link rate-limited (tbf) to ``RATE``.
 
 One rank per host streams large messages (checked on arrival) to the other, once with
-``PYC10D_SOCKET_IFNAME=eth0`` (one link) and once with ``eth0,eth1`` (lanes: each message
+``PYC10D_SOCKET_IFNAME=eth0`` (one link) and once with ``eth0,eth1`` (links: each message
 striped over both links): the second must move the bytes at about the sum of the two
 links' rates, more than ``MIN_GAIN`` times the first. The same over IPv6-only hosts.
 """
