@@ -14,6 +14,11 @@ An unchanged torch program then runs on pyc10d with one line changed::
 torch builds the group's ``TorchProcessGroup`` (``group.py``) through ``_create``, and from
 then on torch's own collectives, DDP, DTensor and FSDP2 call into it; pyc10d's engine moves
 the bytes and reports failures in its own words. Only CPU tensors (``devices=["cpu"]``).
+
+``serve_gloo()`` (or ``PYC10D_SERVE_GLOO=1``, which torch's autoload applies at ``import
+torch``) also makes pyc10d serve torch's own name ``"gloo"``, for frameworks that accept no
+other (``gloo_name.py``). Importing this module never does that by itself; it only warns when
+the setting is set where it cannot act (torch's autoload off).
 """
 
 from __future__ import annotations
@@ -28,6 +33,14 @@ from ..backends import reconfigure as reconf
 from ..hostport import format_hostport, split_hostport
 from ..process_group import make_engine
 from ..store.base import Store, resolve_timeout, store_chain, wait_timeout_error
+from .gloo_name import (
+    GlooServedGroup,
+    autoload_off,
+    gloo_served_by,
+    serve_gloo,
+    stop_serving_gloo,
+    warn_if_not_acting,
+)
 from .group import BACKENDS, TorchProcessGroup, TorchWork
 from .shrink import install as install_shrink
 
@@ -141,5 +154,8 @@ reconf.OPENERS["torch-tcp"] = _open_torch_tcp
 reconf.OPENERS["torch-file"] = lambda path, timeout: TorchStoreAdapter(tdist.FileStore(path), timeout)
 register()
 install_shrink()
+if autoload_off():  # (with it on, the autoload applies PYC10D_SERVE_GLOO, or warns why not)
+    warn_if_not_acting()
 
-__all__ = ["BACKENDS", "TorchProcessGroup", "TorchStoreAdapter", "TorchWork", "register"]
+__all__ = ["BACKENDS", "GlooServedGroup", "TorchProcessGroup", "TorchStoreAdapter", "TorchWork", "gloo_served_by",
+           "register", "serve_gloo", "stop_serving_gloo"]
