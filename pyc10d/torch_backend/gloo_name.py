@@ -84,10 +84,20 @@ def _noting(fn: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-def _mixed_device_map(caller: Any) -> dict[str, str] | None:
+def _helper_frame(frame: Any) -> Any:
+    """The frame of torch's ``_new_process_group_helper`` above the constructor: torch 2.13
+    calls ``ProcessGroupGloo`` there, 2.14 from a creator it calls (None if not found)."""
+    for _ in range(4):
+        frame = frame.f_back if frame is not None else None
+        if frame is not None and "backend_config" in frame.f_locals:
+            return frame
+    return None
+
+
+def _mixed_device_map(helper: Any) -> dict[str, str] | None:
     """The device -> backend map of the group torch is building, when it gives a device to
     another backend than gloo (None otherwise, or where torch's helper holds no such map)."""
-    config = caller.f_locals.get("backend_config") if caller is not None else None
+    config = helper.f_locals.get("backend_config") if helper is not None else None
     mapping = getattr(config, "device_backend_map", None)
     if not isinstance(mapping, dict):
         return None
@@ -122,8 +132,8 @@ class GlooServedGroup(TorchProcessGroup):
         """(``enable_reconfigure``: torch 2.14 passes it; every pyc10d group can be re-formed.)"""
         from . import TorchStoreAdapter
 
-        caller = sys._getframe(1)
-        mixed = _mixed_device_map(caller)
+        helper = _helper_frame(sys._getframe())
+        mixed = _mixed_device_map(helper)
         if mixed is not None:
             spec = ",".join(f"{d}:{b}" for d, b in mixed.items())
             raise RuntimeError(
@@ -131,7 +141,8 @@ class GlooServedGroup(TorchProcessGroup):
                 f"cannot serve the group {spec!r}: a pyc10d group serves every device of its group, so "
                 "the other backend would be dropped. Name one backend (\"gloo\", or pyc10d's own name), "
                 f"or unset {SETTING} for torch's Gloo")
-        name = str(caller.f_locals.get("group_name") or "") or "gloo"
+        name = str(helper.f_locals.get("group_name") or "") if helper is not None else ""
+        name = name or "gloo"
         engine = make_engine(self.engine_name, TorchStoreAdapter(store, timeout), rank, size, timeout, name)
         super().__init__(engine, rank, size, _LABEL[self.engine_name], store)
         self.options = _Options(timeout)
