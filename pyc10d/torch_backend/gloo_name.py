@@ -39,6 +39,7 @@ from .. import errors as pe
 from ..process_group import make_engine
 from ..settings import SERVE_GLOO
 from .group import _IDENTITY, BACKENDS, TorchProcessGroup
+from .store_adapter import TorchStoreAdapter
 
 #: The setting's name, for messages.
 SETTING = SERVE_GLOO.name
@@ -130,8 +131,6 @@ class GlooServedGroup(TorchProcessGroup):
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta = timedelta(minutes=30),
                  enable_reconfigure: bool = False) -> None:
         """(``enable_reconfigure``: torch 2.14 passes it; every pyc10d group can be re-formed.)"""
-        from . import TorchStoreAdapter
-
         helper = _helper_frame(sys._getframe())
         mixed = _mixed_device_map(helper)
         if mixed is not None:
