@@ -154,10 +154,14 @@ class GlooServedGroup(TorchProcessGroup):
                 f"({self._engine.backend_name}) rank={self.rank()} size={self.size()}>")
 
 
-for _name, _fn in list(vars(TorchProcessGroup).items()):
-    if (callable(_fn) and not _name.startswith("__") and _name not in _IDENTITY
-            and _name not in vars(GlooServedGroup)):
-        setattr(GlooServedGroup, _name, _noting(_fn))
+def _noting_methods(cls: type) -> None:
+    """Every operation ``cls`` inherits from ``TorchProcessGroup`` notes the setting on a refusal."""
+    for name, fn in list(vars(TorchProcessGroup).items()):
+        if callable(fn) and not name.startswith("__") and name not in _IDENTITY and name not in vars(cls):
+            setattr(cls, name, _noting(fn))
+
+
+_noting_methods(GlooServedGroup)
 
 
 def serve_gloo(engine: str = "auto") -> None:

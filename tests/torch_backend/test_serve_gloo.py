@@ -136,3 +136,18 @@ def test_info_says_who_serves_gloo(served: None) -> None:
     assert "gloo        served by pyc10d's auto engine" in info.render(info.collect())
     tb.stop_serving_gloo()
     assert info.gloo_name()["served_by"] is None
+
+
+def _serve_after_init(rank: int, ws: int) -> list[str]:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        tb.serve_gloo()
+    tb.stop_serving_gloo()
+    return [str(w.message) for w in seen]
+
+
+def test_serving_after_the_default_group_was_built_on_gloo_warns() -> None:
+    for said in run_ranks("gloo", 2, _serve_after_init, dist_module="torch.distributed"):
+        assert any("default group was built before and stays torch's Gloo" in m for m in said), said
