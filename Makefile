@@ -49,8 +49,10 @@
 #               2 ranks on shm, tcp and the plugin, forked and exec-started), EXIT_TRIALS (50)
 #               runs each: every one must exit 0 (make test runs each once, forked)
 #   make test-clients  programs written for torch.distributed, unchanged, on pyc10d and Gloo:
-#               a nanoGPT-sized model under torchrun and Lightning Fabric's DDP (installed
-#               into .venv-clients), losses and parameters compared (pyc10d/testing/clients.py)
+#               a nanoGPT-sized model under torchrun, Lightning Fabric's DDP, and an accelerate
+#               script run with PYC10D_SERVE_GLOO=1 and with the default group made first
+#               (lightning and accelerate installed into .venv-clients), losses and parameters
+#               compared (pyc10d/testing/clients.py)
 #   make test-slurm  a real Slurm cluster on namespace hosts (slurmctld, a slurmd per host; needs
 #               root, installs Debian's slurm-wlm and munge when missing): a torch DDP script
 #               through srun and sbatch on pyc10d and Gloo, pyc10d's API under srun with nothing
@@ -190,13 +192,15 @@ torch-suite: $(STAMP)
 	$(PY) -m pyc10d.testing.torch_suite
 
 # Programs written for torch.distributed run unchanged on pyc10d and on Gloo, their losses and
-# parameters compared (pyc10d/testing/clients.py): a nanoGPT-sized model under torchrun, and
-# Lightning Fabric (installed into its own venv, beside torch pinned as for make venv).
+# parameters compared (pyc10d/testing/clients.py): a nanoGPT-sized model under torchrun,
+# Lightning Fabric, and Hugging Face accelerate (which names no backend but gloo on CPU: run
+# with PYC10D_SERVE_GLOO=1 and with the default group made on pyc10d first); lightning and
+# accelerate are installed into their own venv, beside torch pinned as for make venv.
 CLIENTS_VENV ?= .venv-clients
 test-clients:
 	test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
 	$(CLIENTS_VENV)/bin/pip install -q --no-compile torch==$(TORCH)
-	$(CLIENTS_VENV)/bin/pip install -q --no-compile -e . lightning
+	$(CLIENTS_VENV)/bin/pip install -q --no-compile -e . lightning accelerate
 	$(CLIENTS_VENV)/bin/python -m pyc10d.testing.clients
 
 # A real Slurm cluster in namespace hosts (pyc10d/testing/slurm.py); the Slurm tests fail here,

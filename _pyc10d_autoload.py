@@ -11,6 +11,10 @@ any exception into a failed ``import torch``. So this module is the least that c
   the first group they build: ``import torch`` pays for a few dictionary writes, not for pyc10d;
 * it never raises: a failure is a warning, and torch imports as if pyc10d were not installed.
 
+The one exception to "imports nothing of pyc10d": with ``PYC10D_SERVE_GLOO`` set (the user's
+request that pyc10d serve torch's name ``"gloo"``), it imports ``pyc10d.torch_backend`` and
+applies it here, before the program can build a group (``pyc10d/torch_backend/gloo_name.py``).
+
 torch 2.14 also calls ``register`` through the ``torch.distributed.backends`` entry points (one
 per name), when ``init_process_group`` meets a name that is not registered yet: with the
 autoload switched off, ``init_process_group("pyc10d")`` still finds pyc10d there.
@@ -18,12 +22,15 @@ autoload switched off, ``init_process_group("pyc10d")`` still finds pyc10d there
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from typing import Any
 
 #: torch backend name -> what it is (the full table lives in ``pyc10d.torch_backend``).
 NAMES = ("pyc10d", "pyc10d_shm", "pyc10d_tcp")
+#: The user's request that pyc10d serve the name "gloo" (declared in ``pyc10d.settings``).
+SERVE_GLOO = "PYC10D_SERVE_GLOO"
 
 
 def _lazy(name: str) -> Any:
@@ -49,3 +56,18 @@ def register() -> None:
     except Exception as e:  # noqa: BLE001 - torch's import must not fail because of us
         warnings.warn(f"pyc10d: could not register its torch.distributed backends ({e!r}); "
                       "use 'import pyc10d.torch_backend' instead", RuntimeWarning, stacklevel=2)
+    if os.environ.get(SERVE_GLOO, "").strip():
+        _serve_gloo()
+
+
+def _serve_gloo() -> None:
+    """Apply ``PYC10D_SERVE_GLOO`` (only called when it is set); a failure is a warning that
+    names the setting, since torch's import must not fail and the user must not be left on
+    Gloo without a word."""
+    try:
+        from pyc10d.torch_backend.gloo_name import apply_setting
+
+        apply_setting()
+    except Exception as e:  # noqa: BLE001 - torch's import must not fail because of us
+        warnings.warn(f"pyc10d: {SERVE_GLOO} is set but pyc10d could not serve the name 'gloo' "
+                      f"({type(e).__name__}: {e}); torch's Gloo serves it", RuntimeWarning, stacklevel=2)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys as _sys
 from typing import Any as _Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 #: Modules run with ``python -m`` that need nothing of the API: the launcher, and the Open MPI

@@ -2,7 +2,8 @@
 
 Every line is measured here, not read from a configuration: the versions imported, which of
 pyc10d's names torch's ``Backend`` registry holds (and whether torch's autoload loaded the
-entry point that put them there), ``/dev/shm``'s size and whether a segment can actually be
+entry point that put them there), who serves torch's name ``"gloo"`` (Gloo, or pyc10d where the
+user set ``PYC10D_SERVE_GLOO``), ``/dev/shm``'s size and whether a segment can actually be
 created, mapped, written and removed, the address the tcp transport would advertise to its
 peers and why, and the security settings in force: whether ``PYC10D_AUTH_TOKEN`` is set (never
 its value), whether TLS is on (and its files there) or would be refused, the silent-peer bound
@@ -57,7 +58,26 @@ def torch_backends() -> dict[str, Any]:
         "autoload": os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD", "1") != "0",
         "entry_point_loaded": "_pyc10d_autoload" in sys.modules,
         "registered": {name: name.upper() in plugins for name in TORCH_NAMES},
+        "gloo": gloo_name(),
     }
+
+
+def gloo_name() -> dict[str, Any]:
+    """Who serves torch's name ``"gloo"``: torch's Gloo, or a pyc10d engine because the user
+    asked (``PYC10D_SERVE_GLOO``, ``serve_gloo()``); and a setting that asks but does not act."""
+    from pyc10d.torch_backend import gloo_name as served
+
+    try:
+        asked = served.engine_from(settings.SERVE_GLOO.raw())
+    except ValueError as e:
+        asked, problem = None, str(e)
+    else:
+        problem = None
+    by = served.gloo_served_by()
+    if problem is None and asked is not None and by is None:
+        problem = (f"{settings.SERVE_GLOO.name} is set but does not act: "
+                   + ("torch's autoload is off" if served.autoload_off() else "the autoload did not apply it"))
+    return {"served_by": by, "setting": settings.SERVE_GLOO.raw(), "problem": problem}
 
 
 def shared_memory() -> dict[str, Any]:
@@ -176,6 +196,9 @@ def render(info: dict[str, Any]) -> str:
         f"entry point {tb['entry_point'] or 'not installed (pip install pyc10d declares it)'}; "
         f"autoload {'on' if tb['autoload'] else 'off (TORCH_DEVICE_BACKEND_AUTOLOAD=0)'}, "
         f"{'loaded' if tb['entry_point_loaded'] else 'not loaded'}",
+        "gloo        " + (f"served by pyc10d's {tb['gloo']['served_by']} engine ({settings.SERVE_GLOO.name})"
+                           if tb["gloo"]["served_by"] else "torch's Gloo")
+        + (f"; {tb['gloo']['problem']}" if tb["gloo"]["problem"] else ""),
         f"/dev/shm    {_size(shm['size_bytes'])}, {_size(shm['free_bytes'])} free; "
         f"shm backend {'works here' if shm['works'] else 'does NOT work here'}"
         + (f" ({shm['error']})" if shm.get("error") else ""),

@@ -210,6 +210,14 @@ FUNCOL_CACHE_BYTES = _declare(
     "PYC10D_FUNCOL_CACHE_BYTES", "bytes", 256 << 20, _FUNCOL, "256 MiB",
     "bytes of recycled output storages kept for functional collectives")
 
+SERVE_GLOO = _declare(
+    "PYC10D_SERVE_GLOO", "text", None, _LAUNCH, "unset (torch's Gloo is Gloo)",
+    "`1` (or `shm`, `tcp`): every group torch builds for the name `gloo` is a pyc10d group (`1`: its "
+    "`auto` engine), for frameworks that hard-code the name (accelerate); applied by torch's backend "
+    "autoload at `import torch`, so with `TORCH_DEVICE_BACKEND_AUTOLOAD=0` it cannot act and "
+    "`import pyc10d.torch_backend` warns (call `pyc10d.torch_backend.serve_gloo()` there) "
+    "([coming-from-torch.md](coming-from-torch.md#frameworks-that-hard-code-gloo))")
+
 TEST_TIMEOUT = _declare(
     "PYC10D_TEST_TIMEOUT", "float", None, _TEST, "30 s (threaded), 60 s (processes)",
     "limit of a `pyc10d.testing` multi-rank test", unit="seconds")
@@ -239,11 +247,9 @@ EXIT_TRIALS = _declare(
     "runs of each program that ends right after its last collective (`tests/test_threads.py`), and how "
     "its launched ranks start")
 EXIT_START = _declare("PYC10D_EXIT_START", "text", "fork", _TEST, "", "", joins="PYC10D_EXIT_TRIALS")
-SUITE_GLOO_AS = _declare(
-    "PYC10D_SUITE_GLOO_AS", "text", None, _TEST, "set by `make torch-suite`",
-    "torch's suite: which pyc10d engine serves the name gloo (`shm` / `tcp`), how ranks start "
-    "(`fork` / `spawn`)")
-SUITE_START = _declare("PYC10D_SUITE_START", "text", "spawn", _TEST, "", "", joins="PYC10D_SUITE_GLOO_AS")
+SUITE_START = _declare(
+    "PYC10D_SUITE_START", "text", "spawn", _TEST, "`spawn` (`make torch-suite`: `fork`)",
+    "how torch's suite starts its ranks (`fork` / `spawn`); its gloo-name pass sets `PYC10D_SERVE_GLOO`")
 
 SABOTAGE = _declare(
     "PYC10D_SABOTAGE", "text", None, _BENCH, "unset",

@@ -105,3 +105,17 @@ def test_coming_from_torch_lists_exactly_the_names_left_out() -> None:
     absent = _absent_in_tests()
     assert set(listed) == absent, (f"docs/coming-from-torch.md lists {sorted(set(listed) - absent)} that pyc10d has, "
                                    f"and misses {sorted(absent - set(listed))} (tests/test_public_api.py's ABSENT)")
+
+
+def test_the_changelog_has_a_section_for_this_version() -> None:
+    """CHANGELOG.md (Keep a Changelog) has a dated section for the version pyproject.toml
+    declares, the one ``pyc10d.__version__`` reports: a release cannot go out unrecorded."""
+    import pyc10d
+
+    declared = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert declared is not None, "pyproject.toml declares no version"
+    assert pyc10d.__version__ == declared.group(1), "pyc10d.__version__ and pyproject.toml's version differ"
+    sections = re.findall(r"^## \[([^\]]+)\](?: - (\d{4}-\d{2}-\d{2}))?", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    dated = {version: date for version, date in sections if date}
+    assert declared.group(1) in dated, f"CHANGELOG.md has no dated section for {declared.group(1)}: {sections}"
+    assert not re.search(r"#\d+|issue \d+", (ROOT / "CHANGELOG.md").read_text(), re.I), "issue numbers in CHANGELOG.md"

@@ -39,6 +39,8 @@ PINNED: dict[tuple[str, str], str | None] = {
     ("docs/coming-from-torch.md", "9c9cd638acb2"): "rank 0 on pyc10d",
     # coming from torch: torch.distributed.checkpoint save and load on the plugin
     ("docs/coming-from-torch.md", "777f62b1cfb8"): "checkpoint saved and restored on pyc10d",
+    # coming from torch: serve_gloo(), then init_process_group("gloo") runs on pyc10d
+    ("docs/coming-from-torch.md", "b46357f79275"): "gloo <pyc10d TorchProcessGroup serving 'gloo'",
     # failures: profiler ranges of a collective
     ("docs/failures.md", "eb5adfd8a053"): "'pyc10d:allreduce'",
     # getting started: hello on 2 ranks, backend auto

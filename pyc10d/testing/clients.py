@@ -5,12 +5,16 @@ clients installed).
 * ``examples/clients/nanogpt_ddp.py`` under ``torchrun --nproc-per-node 2``: a nanoGPT-sized
   transformer, DDP, ``init_process_group("pyc10d")`` vs ``"gloo"``;
 * ``examples/clients/fabric_ddp.py``: Lightning Fabric, ``DDPStrategy(process_group_backend=
-  "pyc10d")`` vs ``"gloo"``, Fabric's own launcher (needs ``lightning``).
+  "pyc10d")`` vs ``"gloo"``, Fabric's own launcher (needs ``lightning``);
+* ``examples/clients/accelerate_ddp.py`` under torchrun: Hugging Face accelerate, which names
+  no backend but Gloo on CPU, run unchanged on Gloo, with ``PYC10D_SERVE_GLOO=1`` (pyc10d serves
+  the name gloo) and under ``init_first.py pyc10d`` (the default group made on pyc10d before
+  ``Accelerator()``) (needs ``accelerate``).
 
-Each pair must give the same losses at every step (to 1e-6: the same sums, maybe in another
-order) and the same parameters, and each run must have used the backend it asked for (the
-group's backend name as torch reports it). Prints one line per client; exit 1 on a mismatch
-or a failed run.
+Every pyc10d run must give Gloo's losses at every step (to 1e-6: the same sums, maybe in
+another order) and Gloo's parameters, and must have run on pyc10d (the group's backend name as
+torch reports it, or, where torch reports the name gloo, the group's class); the Gloo run must
+not have. Prints one line per run; exit 1 on a mismatch or a failed run.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,31 +43,59 @@ def _fabric(backend: str, out: Path) -> list[str]:
     return [sys.executable, str(EXAMPLES / "fabric_ddp.py"), backend, str(out)]
 
 
-CLIENTS = {"nanogpt": (_nanogpt, None), "fabric": (_fabric, "lightning")}
+def _accelerate(way: str, out: Path) -> list[str]:
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    script = [str(EXAMPLES / "accelerate_ddp.py"), "--out", str(out)]
+    if way == "init-first":
+        return [*torchrun, str(EXAMPLES / "init_first.py"), "pyc10d", *script]
+    return [*torchrun, *script]
 
 
-def run(client: str, backend: str, tmp: Path, timeout: float) -> dict | str:
-    make, _ = CLIENTS[client]
-    out = tmp / f"{client}-{backend}.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
+Maker = Callable[[str, Path], list[str]]
+#: client -> (its command for a way of running it, the package it needs, its pyc10d ways:
+#: way -> extra environment). The reference way is always "gloo".
+CLIENTS: dict[str, tuple[Maker, str | None, dict[str, dict[str, str]]]] = {
+    "nanogpt": (_nanogpt, None, {"pyc10d": {}}),
+    "fabric": (_fabric, "lightning", {"pyc10d": {}}),
+    "accelerate": (_accelerate, "accelerate", {"serve-gloo": {"PYC10D_SERVE_GLOO": "1"}, "init-first": {}}),
+}
+
+
+def run(client: str, way: str, tmp: Path, timeout: float, extra_env: dict[str, str] | None = None) -> dict | str:
+    make = CLIENTS[client][0]
+    out = tmp / f"{client}-{way}.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", **(extra_env or {}))
+    if way == "gloo":
+        env.pop("PYC10D_SERVE_GLOO", None)  # the reference is Gloo whatever the caller has set
     try:
-        proc = subprocess.run(make(backend, out), env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(make(way, out), env=env, cwd=tmp, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return f"{client} on {backend}: timed out after {timeout:.0f} s"
+        return f"{client} {way}: timed out after {timeout:.0f} s"
     if proc.returncode != 0 or not out.exists():
-        return f"{client} on {backend}: exit code {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
+        return f"{client} {way}: exit code {proc.returncode}\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
     return json.loads(out.read_text())
 
 
-def compare(client: str, ours: dict, ref: dict) -> list[str]:
+def on_pyc10d(result: dict) -> bool:
+    """Whether a run's group was pyc10d's: by the name torch reports, or, where torch reports
+    the name asked for (gloo, served by pyc10d), by the group's class."""
+    return result.get("group") == "pyc10d" or str(result.get("process_group", "")).startswith("pyc10d.")
+
+
+def compare(client: str, way: str, ours: dict, ref: dict) -> list[str]:
     problems = []
-    if ours["group"] != "pyc10d":
-        problems.append(f"{client}: the run on pyc10d had a group on {ours['group']!r}")
+    if not on_pyc10d(ours):
+        problems.append(f"{client} {way}: the run did not use pyc10d: {ours.get('group') or ours.get('process_group')!r}")
+    for label, r in (("pyc10d", ours), ("gloo", ref)):
+        if r.get("num_processes", 2) != 2:  # (a framework that did not see the job as distributed)
+            problems.append(f"{client} {way}: the {label} run trained on {r['num_processes']} process(es), not 2")
+    if on_pyc10d(ref):
+        problems.append(f"{client}: the Gloo reference ran on pyc10d: {ref.get('process_group')!r}")
     if len(ours["losses"]) != len(ref["losses"]) or not all(
             math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-7) for a, b in zip(ours["losses"], ref["losses"])):
-        problems.append(f"{client}: losses differ: pyc10d {ours['losses']} gloo {ref['losses']}")
+        problems.append(f"{client} {way}: losses differ: pyc10d {ours['losses']} gloo {ref['losses']}")
     if not math.isclose(ours["checksum"], ref["checksum"], rel_tol=1e-6):
-        problems.append(f"{client}: parameters differ: {ours['checksum']} vs {ref['checksum']}")
+        problems.append(f"{client} {way}: parameters differ: {ours['checksum']} vs {ref['checksum']}")
     return problems
 
 
@@ -74,17 +107,21 @@ def main(argv: list[str] | None = None) -> int:
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="pyc10d-clients-") as tmp:
         for client in args.clients.split(","):
-            needs = CLIENTS[client][1]
+            _, needs, ways = CLIENTS[client]
             if needs and importlib.util.find_spec(needs) is None:
                 problems.append(f"{client}: {needs} is not installed here (make test-clients installs it)")
                 continue
-            ours, ref = run(client, "pyc10d", Path(tmp), args.timeout), run(client, "gloo", Path(tmp), args.timeout)
-            bad = [r for r in (ours, ref) if isinstance(r, str)]
-            found = bad or compare(client, ours, ref)  # type: ignore[arg-type]
-            problems += found
-            if not found:
-                print(f"{client}: {len(ours['losses'])} steps, losses equal to Gloo's "  # type: ignore[index]
-                      f"(last {ours['losses'][-1]:.6f}), parameters equal")  # type: ignore[index]
+            ref = run(client, "gloo", Path(tmp), args.timeout)
+            if isinstance(ref, str):
+                problems.append(ref)
+                continue
+            for way, extra in ways.items():
+                ours = run(client, way, Path(tmp), args.timeout, extra)
+                found = [ours] if isinstance(ours, str) else compare(client, way, ours, ref)
+                problems += found
+                if not found:
+                    print(f"{client} {way}: {len(ours['losses'])} steps, losses equal to Gloo's "  # type: ignore[index]
+                          f"(last {ours['losses'][-1]:.6f}), parameters equal")  # type: ignore[index]
     for p in problems:
         print("FAILED:", p)
     return 1 if problems else 0

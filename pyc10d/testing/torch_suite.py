@@ -9,7 +9,8 @@ apply to ``BACKEND``:
   pyc10d_shm at world size 4, pyc10d declared as a plugin with DDP and subgroups
   (``torch_suite_case.FEATURES``);
 * the *gloo-name pass*: the tests Gloo passed that the plugin pass skipped, run again with
-  ``BACKEND=gloo`` while every "gloo" group is a pyc10d group (``PYC10D_SUITE_GLOO_AS``). These
+  ``BACKEND=gloo`` while every "gloo" group is a pyc10d group (``PYC10D_SERVE_GLOO=shm|tcp``, the
+  setting users have for frameworks that hard-code the name). These
   are the tests torch gates on the name gloo; run this way only checks of the name itself can
   tell the two apart.
 
@@ -109,7 +110,7 @@ def run_config(backend: str, world_size: int, out: Path, only: list[str] | None,
     os.environ["PYC10D_SUITE_START"] = start
     os.environ.setdefault("DISTRIBUTED_TESTS_DEFAULT_TIMEOUT", str(PER_TEST_TIMEOUT_S))
     if gloo_as:
-        os.environ["PYC10D_SUITE_GLOO_AS"] = gloo_as
+        os.environ["PYC10D_SERVE_GLOO"] = gloo_as
     from pyc10d.testing import torch_suite_case as case
 
     cls = case.TestDistBackendWithSpawn
@@ -142,10 +143,13 @@ def _load(path: Path) -> dict[str, Any] | None:
 
 
 def _child(args: list[str], log: Path) -> None:
+    """One configuration in a fresh interpreter; a ``PYC10D_SERVE_GLOO`` of the caller's is not
+    passed on (torch's autoload would make the Gloo reference pyc10d): ``--gloo-as`` sets it."""
     cmd = [sys.executable, "-m", "pyc10d.testing.torch_suite", "one", *args]
+    env = {k: v for k, v in os.environ.items() if k != "PYC10D_SERVE_GLOO"}
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as f:
-        subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False)
+        subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False, env=env)
 
 
 def _count(tests: dict[str, Any], outcome: str) -> int:

@@ -32,8 +32,8 @@ from ..backends import reconfigure as reconf
 from ..backends.work import CompletedWork
 from ..process_group import make_engine
 from ..torch_version import AT_LEAST_2_14
-from . import TorchStoreAdapter
 from .group import BACKENDS, TorchProcessGroup, TorchWork
+from .store_adapter import TorchStoreAdapter
 
 #: The calls torch's C++ group makes on its device backend, each with the name of the
 #: ``TorchProcessGroup`` method that serves it.
