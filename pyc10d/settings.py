@@ -107,11 +107,11 @@ BIND = _declare(
     "or containers of one machine, counted with the host's; never with more ranks than CPUs or than a "
     "cgroup quota allows; a "
     "rank already confined, or a process running several ranks, is left alone), which removed a 2-3x "
-    "slow mode of large collectives ([performance.md](performance.md#two-speeds-decided-at-start-up-and-placing-the-ranks-2026-11-27)); "
+    "slow mode of large collectives ([placement.md](placement.md#two-speeds-decided-at-start-up)); "
     "with other pyc10d jobs on the host, each job gets CPUs of its own and its ranks share them (none "
     "pinned with more jobs than CPUs); a placed rank gives its placement up once processes outside "
     "pyc10d's jobs use half a CPU's worth of the host's time for a second "
-    "([performance.md](performance.md#placement-on-a-shared-host-2026-11-29)); "
+    "([placement.md](placement.md#a-shared-host)); "
     "`none`: the kernel places them")
 SHM_SPIN_US = _declare(
     "PYC10D_SHM_SPIN_US", "float", None, _SHM, "50 (200 when yielding)",
@@ -156,7 +156,7 @@ GC_FREEZE = _declare(
     "PYC10D_GC_FREEZE", "flag", True, _ANY, "1",
     "at a process's first group, `gc.freeze()` the objects alive then (torch's modules, the model): full "
     "collections over them stalled 3-4 calls of a rank's first second of collectives 80-100 ms each "
-    "([performance.md](performance.md#the-tcp-lane-2026-11-28)); `0` leaves the collector alone")
+    "([where-the-time-goes.md](where-the-time-goes.md#a-ranks-first-second-the-collector)); `0` leaves the collector alone")
 EXIT_TIMEOUT = _declare(
     "PYC10D_EXIT_TIMEOUT", "float", 10.0, _ANY, "10",
     "seconds the interpreter's exit waits, in all, for the groups still alive to shut down and for "

@@ -71,10 +71,10 @@ def _between(text: str, begin: str, end: str) -> str:
 
 
 def test_performance_tables_are_what_the_reference_run_gives() -> None:
-    block = _between((DOCS / "performance.md").read_text(), readme.BEGIN, readme.END)
+    block = _between((DOCS / "collectives-grid.md").read_text(), readme.BEGIN, readme.END)
     ref = _reference(block)
     assert block == readme.markdown(read_json(ref), ref.relative_to(ROOT).as_posix()), \
-        "docs/performance.md's tables differ from `python -m pyc10d.bench.readme <ref> --write docs/performance.md`"
+        "docs/collectives-grid.md's tables differ from `python -m pyc10d.bench.readme <ref> --write docs/collectives-grid.md`"
 
 
 def test_readme_speed_table_is_what_the_reference_run_gives() -> None:
@@ -83,7 +83,7 @@ def test_readme_speed_table_is_what_the_reference_run_gives() -> None:
     assert block == readme.headline(read_json(ref), ref.relative_to(ROOT).as_posix()), \
         "README's speed table differs from `python -m pyc10d.bench.readme <ref> --headline README.md`"
     # the same run as the manual's tables
-    assert ref == _reference(_between((DOCS / "performance.md").read_text(), readme.BEGIN, readme.END))
+    assert ref == _reference(_between((DOCS / "collectives-grid.md").read_text(), readme.BEGIN, readme.END))
 
 
 # -- coming from torch: the names pyc10d leaves out ----------------------------------------

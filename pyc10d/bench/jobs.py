@@ -12,7 +12,7 @@ result fails the run.
 
 The host itself has slow stretches too: on a VM, two processes on two CPUs that hand 1 MiB
 chunks to each other through shared memory, nothing of pyc10d or torch in them, moved 28-36
-GB/s, and 3-4 GB/s for stretches of 2-40 s (docs/performance.md, "One job alone").
+GB/s, and 3-4 GB/s for stretches of 2-40 s (docs/where-the-time-goes.md, "Run-to-run spread").
 ``host_probe`` is that exchange, run before the first job and after every job: a job with
 a probe on either side under half the run's median probe ran while the host was slow, and
 the table's last column is the spread over the other jobs (the full spread stays beside it).

@@ -1,6 +1,6 @@
-"""The performance tables of ``docs/performance.md``, generated from a committed reference run.
+"""The collective grid of ``docs/collectives-grid.md``, generated from a committed reference run.
 
-``python -m pyc10d.bench.readme benchmarks/reference/<run>.json [--write docs/performance.md]
+``python -m pyc10d.bench.readme benchmarks/reference/<run>.json [--write docs/collectives-grid.md]
 [--headline README.md]`` prints (or writes between the document's ``<!-- bench-tables:begin -->``
 and ``<!-- bench-tables:end -->`` lines) markdown made only from that file: the run's conditions
 and memcpy bound, every op's latency per backend and world size with the ratio to Gloo, and

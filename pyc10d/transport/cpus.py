@@ -139,7 +139,7 @@ def share(cpus: list[int], jobs: list[int], job: int, local_rank: int, local_siz
     outnumber it. None where the jobs outnumber the CPUs (the kernel places them).
 
     Why blocks per job (2 jobs x 2 ranks on 2 CPUs, all_reduce, 10 alternated rounds,
-    docs/performance.md "Placement on a shared host"): left to the kernel, the four ranks
+    docs/placement.md "A shared host"): left to the kernel, the four ranks
     often end one rank of each job per CPU, each job then waking its peer across CPUs
     through the other job's rank: 64 KiB median 150 us, rounds up to 1,228; each job on a
     CPU of its own: 58 us, every round 53-121."""
@@ -161,12 +161,12 @@ def place(local_rank: int, local_size: int, pids: list[int] | None = None,
     ``len(cpus) // local_size`` CPUs of the affinity set (returned), pinned at once: left
     unpinned until the watch's first look, 1 MiB all_reduces timed in a job's first half
     second had their slowest of 10 fresh jobs at 293-746 us against 264-384 pinned at once
-    (docs/performance.md "Placement on a shared host"). Beside other jobs of the register,
+    (docs/placement.md "A shared host"). Beside other jobs of the register,
     the watch pins it at its first look (``WATCH_S`` later), when jobs started together have
     all enrolled: three jobs pinned at enrolment on two CPUs, then unpinned when the third
     came, had left two of them each on one CPU (64 KiB: 2.3x ``PYC10D_BIND=none``'s time).
 
-    Why (docs/performance.md, "Two speeds decided at start-up"): left to the kernel, two ranks
+    Why (docs/placement.md, "Two speeds decided at start-up"): left to the kernel, two ranks
     that take turns waking each other through a futex were found on one CPU for whole jobs,
     each job then running a large collective at half speed; a rank on a CPU of its own never is.
     Only when every rank can have at least one CPU (never with more ranks than CPUs), only
@@ -397,7 +397,7 @@ def _watch() -> None:
     ``OTHERS_CPUS`` or more in two looks in a row (a job that is not pyc10d's, or the host
     runs something busy), a placed rank's threads go back to the whole affinity set for good:
     pinned ranks cannot move away from another's load, and ranks that spin hold CPUs the
-    ranks they wait for need (measured: performance.md, "Placement on a shared host").
+    ranks they wait for need (measured: placement.md, "A shared host").
     It ends with the last group it watches for (no pyc10d thread outlives the groups)."""
     global _watching, _gave_up, _slot
     busy = 0

@@ -76,7 +76,7 @@ def test_layout_math() -> None:
 def test_hosts_of_one_kernel_are_placed_as_one() -> None:
     """Namespace hosts (or containers) of one machine: hosts apart, one kernel and its CPUs;
     placement counts every rank on the kernel (two hosts placing their ranks apart pinned
-    them onto the same CPUs: performance.md, "Placement on a shared host")."""
+    them onto the same CPUs: placement.md, "A shared host")."""
     lay = HostLayout.from_identities(["h0/boot1/5", "h0/boot1/5", "h1/boot1/6", "h1/boot1/6", "h2/boot2/5"])
     assert lay.hosts == ((0, 1), (2, 3), (4,)) and lay.kernels == ("boot1", "boot1", "boot2")
     assert [lay.kernel_slot(r) for r in range(5)] == [(0, 4), (1, 4), (2, 4), (3, 4), (0, 1)]

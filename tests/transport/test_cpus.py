@@ -282,7 +282,7 @@ def _unplaced_when_shared() -> tuple[list[int], list[int], float, int, bool]:
 
 def test_a_placed_rank_gives_its_placement_up_when_another_process_uses_the_cpus() -> None:
     """Pinned ranks that share their CPUs with another job cannot move away from it, and ranks
-    that spin hold CPUs their peers need (measured: performance.md): placement lasts only while
+    that spin hold CPUs their peers need (measured: docs/placement.md): placement lasts only while
     the host is the job's, and then every wait policy turns to the one for shared CPUs."""
     both, after, took, told, over = _in_child(_unplaced_when_shared)
     assert after == both, "still pinned with another busy process on the host"

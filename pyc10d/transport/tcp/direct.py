@@ -5,7 +5,7 @@ and a message that comes before its receive is kept. But a synchronous collectiv
 twice per message: the receiver wakes for the data, and then wakes the caller, who had gone to
 sleep on a lock. On the 2-core VM a Python ping-pong over loopback between two processes
 that sleep in ``recv`` takes ~36 us per exchange; the same exchange with the reader spinning
-on a non-blocking ``recv`` takes ~4.4 us (``docs/performance.md``, "The tcp lane"). So for a
+on a non-blocking ``recv`` takes ~4.4 us (``docs/where-the-time-goes.md``, "The tcp lane"). So for a
 synchronous collective the calling thread reads its peers' sockets itself, looking for a
 while before it sleeps, and sends each frame in one ``sendmsg`` of header and payload.
 
@@ -186,7 +186,7 @@ class DirectIO:
 
         Why one call: at 8 bytes the exchange itself is ~5 us here and every Python call
         around it ~0.3; this is the irecv, send, wait, fill and spin layers of a step in one
-        (docs/performance.md, "The tcp lane")."""
+        (docs/where-the-time-goes.md, "The tcp lane")."""
         box = self.t.mailbox
         st = self._streams.get(peer)
         # (``waiting_unexpected`` after ``_own``: the receiver thread may finish reading the
