@@ -6,13 +6,14 @@ themselves run in ``tests/test_docs_examples.py``."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
 import pytest
 from _doc_blocks import ROOT, doc_files
 
-from pyc10d.bench import readme
+from pyc10d.bench import readme, reference
 from pyc10d.bench.report import read_json
 
 README = ROOT / "README.md"
@@ -119,3 +120,148 @@ def test_the_changelog_has_a_section_for_this_version() -> None:
     dated = {version: date for version, date in sections if date}
     assert declared.group(1) in dated, f"CHANGELOG.md has no dated section for {declared.group(1)}: {sections}"
     assert not re.search(r"#\d+|issue \d+", (ROOT / "CHANGELOG.md").read_text(), re.I), "issue numbers in CHANGELOG.md"
+
+
+# -- performance.md: every table from its reference file -------------------------------------
+def test_every_generated_table_is_what_its_reference_file_gives() -> None:
+    """Each ``<!-- table: NAME -->`` block of every page is what ``benchmarks/reference/NAME.json``
+    gives today (``python -m pyc10d.bench.reference --write <page>`` rewrites them)."""
+    differ = []
+    for doc in doc_files():
+        text = doc.read_text()
+        for name, block in reference.blocks(text).items():
+            rel = reference.reference_path(name)
+            assert (ROOT / rel).exists(), f"{doc.name}: table {name} has no {rel}"
+            want = reference.table(json.loads((ROOT / rel).read_text()), rel) + "\n"
+            if block != want:
+                differ.append(f"{doc.relative_to(ROOT)}: table {name}")
+    assert not differ, "generated tables differ from their files (python -m pyc10d.bench.reference --write DOC):\n" \
+        + "\n".join(differ)
+
+
+def test_performance_has_no_table_typed_by_hand() -> None:
+    """Every table row of docs/performance.md lies inside a generated block, the page is a
+    reference (at most 350 lines), and its first table is all_reduce beside Gloo and Open MPI."""
+    text = (DOCS / "performance.md").read_text()
+    outside = reference.BLOCK.sub("", text)
+    rows = [line for line in outside.splitlines() if line.lstrip().startswith("|")]
+    assert not rows, f"table rows outside a generated block: {rows[:3]}"
+    assert len(text.splitlines()) <= 350
+    names = list(reference.blocks(text))
+    assert len(names) >= 10 and names[0] == "allreduce", names
+    first = json.loads((ROOT / reference.reference_path(names[0])).read_text())
+    assert [h for _, h in first.get("columns", [])][:3] == ["shm µs", "Gloo µs", "Open MPI µs"]
+
+
+def test_reference_tables_fail_on_a_changed_figure() -> None:
+    """The comparison above can fail: one figure changed in a copy of a reference file changes
+    the table made from it, and a ratio is recomputed from the figures, not copied."""
+    spec = json.loads((ROOT / reference.reference_path("windows")).read_text())
+    before = reference.table(spec, "x")
+    spec["rows"][0][1] *= 2
+    after = reference.table(spec, "x")
+    assert before != after
+    assert before.splitlines()[2].endswith("| 0.12 | 9.84 |")  # 18.7 / 152.5 and 18.7 / 1.9
+    assert after.splitlines()[2].endswith("| 0.25 | 19.68 |")  # 37.4 / 152.5 and 37.4 / 1.9
+
+
+# -- no diaries: what is true now, without the project's tracker or a log --------------------
+ISSUE = re.compile(r"\b[Ii]ssues? #?\d+|\b[Ii]ssue #\d+")
+LOG_REF = re.compile(r"\bRuns? \d+\b|\(run \d+\)|\brun \d+'s\b|\bruns \d+-\d+\b|\b[Ss]top \d+\b")
+DATED_HEADING = re.compile(r"^#+ .*20\d\d-\d\d-\d\d", re.M)
+
+
+@pytest.mark.parametrize("doc", doc_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_no_doc_names_an_issue_a_dated_heading_or_a_numbered_run(doc: Path) -> None:
+    text = doc.read_text()
+    found = [f"issue: {m.group(0)!r}" for m in ISSUE.finditer(text)]
+    found += [f"dated heading: {m.group(0)!r}" for m in DATED_HEADING.finditer(text)]
+    found += [f"log reference: {m.group(0)!r}" for m in LOG_REF.finditer(text)]
+    assert not found, f"{doc.name} says what happened, not what is true: {found[:8]}"
+
+
+def test_testing_page_has_no_run_log() -> None:
+    text = (DOCS / "testing.md").read_text()
+    header = [line for line in text.splitlines()
+              if line.startswith("|") and re.search(r"\|\s*run\s*\|", line, re.I)]
+    commits = [line for line in text.splitlines() if re.match(r"^\|\s*\w+\s*\|\s*[0-9a-f]{7,40}\b", line)]
+    assert not header and not commits, (header + commits)[:3]
+    assert len(text.splitlines()) <= 170
+
+
+# -- commands the docs show exist -------------------------------------------------------------
+MAKE = re.compile(r"`make ([a-z][\w-]*)|^make ([a-z][\w-]*)", re.M)
+MODULE_CMD = re.compile(r"python -m (pyc10d(?:\.\w+)*)((?:[ \t]+(?:-[-\w]+|[^\s`|)-][^\s`|)]*))*)")
+
+
+def _make_targets() -> set[str]:
+    return set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
+
+
+def test_every_make_target_named_exists() -> None:
+    targets = _make_targets()
+    named = {doc.name: {a or b for a, b in MAKE.findall(doc.read_text())} for doc in doc_files()}
+    missing = {name: sorted(t - targets) for name, t in named.items() if t - targets}
+    assert not missing, f"make targets the Makefile lacks: {missing}"
+
+
+def _module_options() -> dict[str, set[str]]:
+    """Each ``python -m pyc10d...`` module the docs show, with the ``--options`` they pass it."""
+    from pyc10d.bench.__main__ import (
+        _OTHER_BENCHES,  # --tp and the like hand the rest to another module
+    )
+
+    out: dict[str, set[str]] = {}
+    for doc in doc_files():
+        for m in MODULE_CMD.finditer(doc.read_text()):
+            module, words = m.group(1), m.group(2).split()
+            script = next((i for i, w in enumerate(words) if w.endswith(".py")), len(words))
+            options = {w.split("=")[0] for w in words[:script] if re.fullmatch(r"--[a-z][\w-]*(=\S*)?", w)}
+            other = sorted(options & set(_OTHER_BENCHES)) if module == "pyc10d.bench" else []
+            out.setdefault(module, set()).update(other)
+            if other:
+                module, options = _OTHER_BENCHES[other[0]], options - set(_OTHER_BENCHES)
+            out.setdefault(module, set()).update(options)  # options after a script are the script's
+    return out
+
+
+def _help(module: str) -> tuple[int, str]:
+    """``python -m module --help`` in this process (torch is imported once, not per module):
+    its exit code and what it printed."""
+    import contextlib
+    import io
+    import runpy
+    import sys
+    import warnings
+
+    buf, argv = io.StringIO(), sys.argv
+    sys.argv = [module, "--help"]
+    code = 0
+    try:
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception as e:  # noqa: BLE001 - reported as the module's failure
+        code = 99
+        buf.write(repr(e))
+    finally:
+        sys.argv = argv
+    return code, buf.getvalue()
+
+
+def test_every_python_m_command_shown_parses_its_options() -> None:
+    """``python -m <module> --help`` exits 0 for every pyc10d module a doc shows, and every
+    ``--option`` the docs pass it is in its help."""
+
+    wanted = _module_options()
+    assert "pyc10d.bench" in wanted and "pyc10d.bench.reference" in wanted
+    bad = []
+    for mod, options in sorted(wanted.items()):
+        code, text = _help(mod)
+        if code != 0:
+            bad.append(f"python -m {mod} --help exited {code}: {text[-300:]}")
+            continue
+        bad += [f"python -m {mod}: no {opt} in its --help" for opt in sorted(options) if opt not in text]
+    assert not bad, "\n".join(bad)

@@ -118,7 +118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         return [s.strip() for s in text.split(",") if s.strip()]
 
     p = argparse.ArgumentParser(prog="python -m pyc10d.bench",
-                                description="nccl-tests style collective benchmarks.")
+                                description="nccl-tests style collective benchmarks.",
+                                epilog="Other benchmarks instead of the grid (the other arguments go to them): "
+                                       + "; ".join(f"{flag}: python -m {module}" for flag, module in _OTHER_BENCHES.items()))
     p.add_argument("--backends", type=csv,
                    default=["pyc10d-shm", "pyc10d-tcp", "pyc10d-threaded", "gloo"],
                    help="pyc10d-<name> (pyc10d backend; pyc10d-threaded runs its ranks as "
