@@ -107,7 +107,7 @@ demo: $(STAMP)
 # (default: one per CPU; TEST_WORKERS=0 runs them in this process, one after the other).
 # --dist loadgroup hands out single tests, so the long files (conformance, hier) spread too.
 # The Slurm cluster's tests run in make test-slurm alone (.ci/run runs it): beside the suite
-# their 4-rank jobs pushed a torchft example over its limit (run 36).
+# their 4-rank jobs pushed a torchft example over its limit.
 # tmux for the terminal test of pyc10d.status --watch, tcpdump and openssl for the TLS tests (a
 # sniffed wire, throwaway certificates), iptables for the silent-partition tests (each skips only
 # where its tool cannot be had).

@@ -17,7 +17,7 @@ against 2 workers: 440 s and 678 s), so spreading them costs nothing the CPU doe
 Tests marked ``full`` are the rest of a grid whose short form runs in ``make test``: more
 world sizes, layouts, backends or families of a test that ``make test`` runs on a few of
 them, and the long forms of soaks and benchmark smoke runs. ``make test`` deselects them
-(``-m "not full"``; issue 47 asks at most 1,000 CPU-seconds of it), ``make test-full`` runs only
+(``-m "not full"``, which keeps it near 1,000 CPU-seconds), ``make test-full`` runs only
 them. No test is ``full`` in every case: collecting the whole suite fails if a test function
 would not run at all in ``make test`` (``pytest_collection_modifyitems`` below).
 """

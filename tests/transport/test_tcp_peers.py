@@ -1,4 +1,4 @@
-"""At scale a tcp rank connects only to the peers its algorithms talk to (issue 39, item 3).
+"""At scale a tcp rank connects only to the peers its algorithms talk to.
 
 16 tcp ranks (processes): after an 8-byte all_reduce, a broadcast and a barrier, every rank
 holds at most 2·ceil(log2 16) = 8 peer connections (the logarithmic algorithms chosen above
