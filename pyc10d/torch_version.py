@@ -8,6 +8,9 @@ for pyc10d:
   ``init_process_group`` meets its name (``Backend._ensure_backend_registered``), so
   ``init_process_group("pyc10d")`` works with ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` there; 2.13
   only runs the ``torch.backends`` autoload;
+* torch 2.14 has collective hooks on a group (``register_pre_hook`` / ``register_post_hook``)
+  and abort hooks on a backend (``register_abort_hook``): ``HAS_COLLECTIVE_HOOKS`` and
+  ``HAS_ABORT_HOOKS`` ask for them by feature;
 * torch 2.14's API makes calls 2.13 has no name for: ``dist.gather_single``,
   ``dist.set_timeout``, ``dist.get_backend_impl`` (``pg.get_backend(device)``), windows and
   reconfigure (``dist._new_window``, ``dist._reconfigure``).
@@ -28,3 +31,11 @@ from torch.torch_version import TorchVersion
 VERSION = TorchVersion(torch.__version__)
 #: torch 2.14 or newer: the entry-point discovery and the calls above.
 AT_LEAST_2_14: bool = VERSION >= (2, 14)
+
+_c10d = getattr(torch._C, "_distributed_c10d", None)
+#: torch's collective hooks (``ProcessGroup.register_pre_hook`` / ``register_post_hook`` with
+#: ``PreHookArgs`` / ``PostHookArgs``): asked by feature, not version (2.14 has them, 2.13 not).
+HAS_COLLECTIVE_HOOKS: bool = _c10d is not None and hasattr(_c10d, "PreHookArgs") and hasattr(
+    _c10d.ProcessGroup, "register_pre_hook")
+#: torch's ``Backend.register_abort_hook`` (2.14 has it, 2.13 not).
+HAS_ABORT_HOOKS: bool = _c10d is not None and hasattr(_c10d.Backend, "register_abort_hook")
