@@ -10,6 +10,7 @@ saying the torch version and the missing name.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import textwrap
 
 import pytest
 import torch
+from packaging.requirements import Requirement
 
 from pyc10d import info
 from pyc10d.torch_version import AT_LEAST_2_14
@@ -111,3 +113,11 @@ def test_info_says_an_untested_torch_is_untested() -> None:
     assert line == "torch       2.15.0: not tested on torch 2.15.0 (pyc10d is tested on torch 2.13 and 2.14)", line
     here = info.render(info.collect())  # this torch, a tested one: no note
     assert f"torch       {torch.__version__}\n" in here, here
+
+
+def test_the_metadata_admits_the_next_torch_and_not_the_one_after() -> None:
+    """Installing pyc10d into an environment with the next torch minor must not downgrade it
+    (the installed metadata: ``make venv`` reinstalls when pyproject.toml changes)."""
+    (req,) = [r for r in map(Requirement, importlib.metadata.requires("pyc10d") or []) if r.name == "torch"]
+    assert req.specifier.contains(torch.__version__.split("+")[0]), req
+    assert req.specifier.contains("2.15.0") and not req.specifier.contains("2.16.0"), req
