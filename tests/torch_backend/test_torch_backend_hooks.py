@@ -188,3 +188,20 @@ def test_backend_answers_every_name_of_torch_backend() -> None:
             assert why.startswith("refused: Backend pyc10d_tcp does not support " + name), why
             assert "rank 0" in why, why
     assert out["allreduce()"] == "[1.0, 1.0]"
+
+
+def _abort_hook_across_reconfigure(rank: int, ws: int) -> Any:
+    """A re-formed group keeps its abort hooks; aborting its old engine does not run them."""
+    calls: list[str] = []
+    dist.group.WORLD._get_backend(torch.device("cpu")).register_abort_hook(1, lambda: calls.append("abort"))
+    dist._reconfigure(uuid=1, handles=[dist._get_reconfigure_handle()]).wait()
+    after_reconfigure = list(calls)
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    dist.group.WORLD.abort()
+    return after_reconfigure, calls
+
+
+@pytest.mark.skipif(not HAS_ABORT_HOOKS, reason="torch before 2.14 has no abort hooks nor _reconfigure")
+def test_abort_hook_stays_with_a_reconfigured_group() -> None:
+    assert _run("pyc10d_tcp", _abort_hook_across_reconfigure, world=1) == [([], ["abort"])]
