@@ -21,6 +21,7 @@ import torch
 from torch._C import _distributed_c10d as _c10d
 
 from .. import errors as pe
+from .hooks import plain_of
 
 #: Every public and private name of the running torch's ``Backend`` class.
 TORCH_BACKEND_NAMES: frozenset[str] = frozenset(
@@ -182,7 +183,7 @@ class PluginBackend:
 
 def _collective(pg: Any, method: str) -> Any:
     """The group's ``method`` as its plain class runs it (no collective hooks), bound to ``pg``."""
-    return getattr(pg.plain_class, method).__get__(pg)
+    return getattr(plain_of(pg), method).__get__(pg)
 
 
 #: The name this class had when it only served ``shrink_group``.

@@ -191,9 +191,6 @@ class TorchProcessGroup(tdist.ProcessGroup):
 
     #: The group's collective hooks (``hooks.py``), made on its first registration.
     collective_hooks: hooks.CollectiveHooks | None = None
-    #: This class, and the one a group with hooks runs as (both set below the class).
-    plain_class: type
-    hooked_variant: type
 
     @property
     def engine(self) -> Any:
@@ -498,10 +495,6 @@ class TorchWindow:
         attr = getattr(_c10d, "WindowAttr", None)  # (torch 2.14)
         return attr() if attr is not None else ours
 
-
-# The class a group with collective hooks runs as (``hooks.py``), and the way back.
-TorchProcessGroup.plain_class = TorchProcessGroup
-TorchProcessGroup.hooked_variant = hooks.hooked_class(TorchProcessGroup)
 
 __all__ = ["BACKENDS", "PluginBackend", "ShrinkableBackend", "TorchProcessGroup", "TorchWindow", "TorchWork",
            "backend_for"]

@@ -13,7 +13,7 @@ Here the group keeps its own hooks (``CollectiveHooks``) and fires them around e
 collective and point-to-point call, with torch's ``PreHookArgs`` / ``PostHookArgs`` filled as
 Gloo fills them (name, async_op, input and output tensors, root, op id, the Work). A group
 with no hooks pays nothing: registering the first hook switches the group to its hooked
-class (``hooked_class``), whose methods wrap the plain ones; removing the last switches back.
+class (``variant_of``), whose methods wrap the plain ones; removing the last switches back.
 The plain methods are the lean lane's (microseconds a call), which a check per call would tax.
 
 Hooks attached from torch's C++ (``NanCheckHook.attach``, ``FlightRecorderHook.attach``) go
@@ -23,7 +23,6 @@ into the C++ table and are not seen: only Python's ``register_*_hook`` calls rea
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import threading
 from collections.abc import Callable
@@ -201,35 +200,49 @@ HOOKED: dict[str, tuple[str, Callable[..., tuple]]] = {
 }
 
 
-def _hooked(method: Callable[..., Any], op: str, describe: Callable[..., tuple]) -> Callable[..., Any]:
-    name = _op_name(op)
+def _hooked(name: str, op: str, describe: Callable[..., tuple]) -> Callable[..., Any]:
+    """The variant's ``name``: the plain class's method (looked up at call time, so that what
+    a subclass or a decorator put there after the variant was made is what runs), between the
+    group's pre and post hooks."""
+    op_name = _op_name(op)
 
-    @functools.wraps(method)
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         hooks: CollectiveHooks = self.collective_hooks
         op_id = hooks.next_id()
         inputs, outputs, root, async_op = describe(*args, **kwargs)
-        hooks.fire_pre(name, async_op, inputs, outputs, root, op_id)
-        work = method(self, *args, **kwargs)
-        hooks.fire_post(name, async_op, work, op_id)
+        hooks.fire_pre(op_name, async_op, inputs, outputs, root, op_id)
+        work = getattr(self.hooks_plain, name)(self, *args, **kwargs)
+        hooks.fire_post(op_name, async_op, work, op_id)
         return work
 
+    call.__name__ = call.__qualname__ = name
     return call
 
 
-def hooked_class(cls: type) -> type:
-    """``cls`` with every call of ``HOOKED`` firing the group's hooks around it: the class a
-    group with hooks runs as (``register``)."""
-    methods = {name: _hooked(getattr(cls, name), op, describe) for name, (op, describe) in HOOKED.items()
-               if hasattr(cls, name)}
-    return type(cls.__name__, (cls,), {**methods, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
-                                       "__doc__": f"{cls.__name__} with collective hooks registered ({__name__})."})
+def plain_of(pg: Any) -> type:
+    """The class ``pg`` runs as without hooks (its own, or the one its hooked variant wraps)."""
+    cls = type(pg)
+    return cls.__dict__.get("hooks_plain", cls)
+
+
+def variant_of(plain: type) -> type:
+    """``plain`` with every call of ``HOOKED`` firing the group's hooks around it: the class a
+    group with hooks runs as. Made on the first hook of a group of that class and kept on it
+    (each class its own: ``GlooServedGroup``'s variant is not ``TorchProcessGroup``'s)."""
+    variant = plain.__dict__.get("hooks_variant")
+    if variant is None:
+        methods = {name: _hooked(name, op, describe) for name, (op, describe) in HOOKED.items() if hasattr(plain, name)}
+        variant = type(plain.__name__, (plain,), {
+            **methods, "hooks_plain": plain, "__module__": plain.__module__, "__qualname__": plain.__qualname__,
+            "__doc__": f"{plain.__name__} with collective hooks registered ({__name__})."})
+        type.__setattr__(plain, "hooks_variant", variant)
+    return variant
 
 
 def _switch(pg: Any) -> None:
-    """Run ``pg`` as its hooked class while it has hooks, as its plain class otherwise."""
-    plain = pg.plain_class
-    pg.__class__ = plain.hooked_variant if pg.collective_hooks else plain
+    """Run ``pg`` as its hooked variant while it has hooks, as its plain class otherwise."""
+    plain = plain_of(pg)
+    pg.__class__ = variant_of(plain) if pg.collective_hooks else plain
 
 
 def _hooks_of(pg: Any) -> CollectiveHooks:

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from _multirank import exited, run_ranks
 
-import pyc10d.torch_backend  # noqa: F401 - registers the backends
+import pyc10d.torch_backend  # registers the backends
 from pyc10d.torch_backend.backend import TORCH_BACKEND_NAMES
 from pyc10d.torch_version import HAS_ABORT_HOOKS, HAS_COLLECTIVE_HOOKS
 
@@ -205,3 +205,28 @@ def _abort_hook_across_reconfigure(rank: int, ws: int) -> Any:
 @pytest.mark.skipif(not HAS_ABORT_HOOKS, reason="torch before 2.14 has no abort hooks nor _reconfigure")
 def test_abort_hook_stays_with_a_reconfigured_group() -> None:
     assert _run("pyc10d_tcp", _abort_hook_across_reconfigure, world=1) == [([], ["abort"])]
+
+
+def _hooks_on_a_served_gloo_group(rank: int, ws: int) -> Any:
+    """A subclass of the plugin's group (``GlooServedGroup``) stays itself while it has hooks."""
+    pg = dist.group.WORLD
+    names: list[str] = []
+    plain = type(pg).__name__, pg.getBackendName()
+    pg.register_pre_hook(1, lambda a: names.append(str(a.name).split(".")[-1]))
+    with_hooks = (type(pg).__name__, isinstance(pg, type(pg).__mro__[1]), pg.getBackendName())
+    dist.all_reduce(torch.ones(1))
+    pg.unregister_pre_hook(1)
+    return plain, with_hooks, type(pg).__name__, names
+
+
+@pytest.mark.skipif(not HAS_COLLECTIVE_HOOKS, reason="torch before 2.14 has no collective hooks")
+def test_hooks_keep_a_subclass_of_the_group_what_it_is() -> None:
+    tb = pyc10d.torch_backend
+    tb.serve_gloo()
+    try:
+        res = _run("gloo", _hooks_on_a_served_gloo_group)
+    finally:
+        tb.stop_serving_gloo()
+    (plain, label), with_hooks, after, names = res[0]
+    assert plain == after == "GlooServedGroup" and with_hooks == (plain, True, label), res
+    assert names == ["ALLREDUCE"], res
