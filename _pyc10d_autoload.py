@@ -15,9 +15,15 @@ The one exception to "imports nothing of pyc10d": with ``PYC10D_SERVE_GLOO`` set
 request that pyc10d serve torch's name ``"gloo"``), it imports ``pyc10d.torch_backend`` and
 applies it here, before the program can build a group (``pyc10d/torch_backend/gloo_name.py``).
 
-torch 2.14 also calls ``register`` through the ``torch.distributed.backends`` entry points (one
-per name), when ``init_process_group`` meets a name that is not registered yet: with the
-autoload switched off, ``init_process_group("pyc10d")`` still finds pyc10d there.
+torch 2.14 also calls ``register_on_demand`` through the ``torch.distributed.backends`` entry
+points (one per name), when ``init_process_group`` meets a name that is not registered yet:
+with the autoload switched off, ``init_process_group("pyc10d")`` still finds pyc10d there.
+That call does raise: the program asked for pyc10d, and is told why it cannot have it.
+
+On a torch that lacks something pyc10d needs (a torch it was not tested on), ``import torch``
+still works: ``register`` warns, naming the torch version and what is missing, and the group's
+creator refuses ``init_process_group("pyc10d")`` with the same words
+(``pyc10d.torch_version.require_plugin``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ SERVE_GLOO = "PYC10D_SERVE_GLOO"
 
 def _lazy(name: str) -> Any:
     def create(dist_opts: Any, backend_options: Any = None) -> Any:
+        from pyc10d.torch_version import require_plugin  # (torch is whole by now)
+
+        require_plugin(f"build a {name!r} group")
         from pyc10d.torch_backend import _creator
 
         return _creator(name)(dist_opts, backend_options)
@@ -43,21 +52,43 @@ def _lazy(name: str) -> Any:
     return create
 
 
+def _torch_version() -> str:
+    return str(getattr(sys.modules.get("torch"), "__version__", "(unknown)"))
+
+
+def _register(tdist: Any) -> None:
+    backend = tdist.Backend
+    lacking = [f"torch.distributed.Backend.{n}" for n in ("register_backend", "_plugins") if not hasattr(backend, n)]
+    if lacking:
+        raise RuntimeError(f"torch lacks {', '.join(lacking)}, which registering a backend needs")
+    for name in NAMES:
+        if name.upper() not in backend._plugins:
+            backend.register_backend(name, _lazy(name), extended_api=True, devices=["cpu"])
+
+
 def register() -> None:
     """Register pyc10d's names with torch.distributed, if it is there; never raise."""
     try:
         tdist = sys.modules.get("torch.distributed")
         if tdist is None or not tdist.is_available():
             return
-        backend = tdist.Backend
-        for name in NAMES:
-            if name.upper() not in backend._plugins:
-                backend.register_backend(name, _lazy(name), extended_api=True, devices=["cpu"])
+        _register(tdist)
     except Exception as e:  # noqa: BLE001 - torch's import must not fail because of us
-        warnings.warn(f"pyc10d: could not register its torch.distributed backends ({e!r}); "
-                      "use 'import pyc10d.torch_backend' instead", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"pyc10d: could not register its torch.distributed backends on torch {_torch_version()} "
+                      f"({e}); init_process_group('pyc10d') will not find them", RuntimeWarning, stacklevel=2)
     if os.environ.get(SERVE_GLOO, "").strip():
         _serve_gloo()
+
+
+def register_on_demand() -> None:
+    """torch 2.14's ``torch.distributed.backends`` entry point: register, or raise saying why
+    not (torch's ``init_process_group`` is waiting for the name and passes the error on)."""
+    import torch.distributed as tdist
+
+    from pyc10d.torch_version import require_plugin
+
+    require_plugin("register its torch.distributed backends")
+    _register(tdist)
 
 
 def _serve_gloo() -> None:

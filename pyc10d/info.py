@@ -34,8 +34,12 @@ def versions() -> dict[str, Any]:
 
     import pyc10d
 
+    from . import torch_version
+
     return {"pyc10d": pyc10d.__version__, "pyc10d_path": os.path.dirname(pyc10d.__file__),
-            "torch": torch.__version__, "python": platform.python_version(),
+            "torch": torch.__version__, "torch_tested": torch_version.tested(),
+            "torch_note": torch_version.untested_note(), "torch_lacks": torch_version.missing(),
+            "python": platform.python_version(),
             "platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count(),
             **cpu_budget()}
 
@@ -188,7 +192,8 @@ def render(info: dict[str, Any]) -> str:
     seen = ", ".join(f"{n} {'yes' if ok else 'NO'}" for n, ok in tb["registered"].items())
     lines = [
         f"pyc10d      {v['pyc10d']} ({v['pyc10d_path']})",
-        f"torch       {v['torch']}",
+        f"torch       {v['torch']}" + (f": {v['torch_note']}" if v["torch_note"] else "")
+        + (f"; the plugin cannot run, torch lacks {', '.join(v['torch_lacks'])}" if v["torch_lacks"] else ""),
         f"python      {v['python']} on {v['platform']} ({v['machine']}, {v['cpus']} CPUs)",
         f"cpus        {v['usable_cpus']} usable: {v['affinity_cpus']} in the affinity set, "
         + (f"a cgroup quota of {v['cpu_quota']:g} CPUs" if v["cpu_quota"] is not None else "no cgroup CPU quota"),

@@ -36,6 +36,7 @@ from ..errors import DistError, DistNetworkError, DistTimeoutError
 from ..transport.base import Transport
 from ..types import UNSET_TIMEOUT, ReduceOp
 from . import failures, flight_recorder, watchdog
+from .abort_hooks import AbortHooks
 from .flight_recorder import FlightRecorder
 from .options import Options
 from .work import CompletedWork, Work
@@ -67,7 +68,7 @@ class Job(NamedTuple):
 _new_job = tuple.__new__
 
 
-class EngineCore:
+class EngineCore(AbortHooks):
     """The issue/run machinery under every engine: sequence numbers, the group's order, the
     progress thread, the flight recorder's feed, desync checks, failure and shutdown.
 
@@ -529,6 +530,7 @@ class EngineCore:
         # Receives the failed operation left posted would wait for ever (their buffers are kept
         # alive by their views, see ``byte_view``): fail them, and any later ones of the group.
         self.transport.cancel(self.group_key, error)
+        self._run_abort_hooks(self.group_name, self._rank)
 
     def derive(self, ranks: list[int], rank: int, group_name: str, options: Options) -> EngineCore:
         """The engine of a subgroup of this group (``ranks``: ranks of this group; ``rank``:

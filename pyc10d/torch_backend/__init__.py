@@ -31,17 +31,26 @@ import torch.distributed as tdist
 from ..backends import reconfigure as reconf
 from ..hostport import split_hostport
 from ..process_group import make_engine
-from .gloo_name import (
-    GlooServedGroup,
-    autoload_off,
-    gloo_served_by,
-    serve_gloo,
-    stop_serving_gloo,
-    warn_if_not_acting,
-)
-from .group import BACKENDS, TorchProcessGroup, TorchWork
-from .shrink import install as install_shrink
-from .store_adapter import TorchStoreAdapter
+from ..torch_version import plugin_refusal, require_plugin
+
+# A torch without a name the plugin uses fails the imports below deep inside; refused instead
+# with the torch version and every missing name (``torch_version.PLUGIN_NEEDS``).
+try:
+    from .gloo_name import (
+        GlooServedGroup,
+        autoload_off,
+        gloo_served_by,
+        serve_gloo,
+        stop_serving_gloo,
+        warn_if_not_acting,
+    )
+    from .group import BACKENDS, TorchProcessGroup, TorchWork
+    from .shrink import install as install_shrink
+    from .store_adapter import TorchStoreAdapter
+except (ImportError, AttributeError) as e:
+    if plugin_refusal("import pyc10d.torch_backend") is None:
+        raise
+    raise ImportError(plugin_refusal("import pyc10d.torch_backend")) from e
 
 
 def _creator(backend_name: str) -> Any:
@@ -62,6 +71,7 @@ def _creator(backend_name: str) -> Any:
 
 def register() -> None:
     """Register pyc10d's names with torch (done on import; calling it again is harmless)."""
+    require_plugin("register its torch.distributed backends")
     for name in BACKENDS:
         if name.upper() not in tdist.Backend._plugins:
             tdist.Backend.register_backend(name, _creator(name), extended_api=True, devices=["cpu"])

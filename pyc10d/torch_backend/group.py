@@ -36,7 +36,10 @@ from ..backends.lane import LaneOps
 from ..backends.lifetime import release_on_drop
 from ..backends.work import CompletedWork, Work
 from ..process_group import make_engine
+from ..torch_version import HAS_ABORT_HOOKS, HAS_COLLECTIVE_HOOKS
+from . import hooks
 from . import options as opt
+from .backend import PluginBackend, ShrinkableBackend, backend_for
 from .errors import to_torch, torch_future, translating
 
 
@@ -186,10 +189,29 @@ class TorchProcessGroup(tdist.ProcessGroup):
         # shuts down as a Gloo group does in its destructor (``release_on_drop``).
         release_on_drop(self, engine)
 
+    #: The group's collective hooks (``hooks.py``), made on its first registration.
+    collective_hooks: hooks.CollectiveHooks | None = None
+
     @property
     def engine(self) -> Any:
         """The pyc10d engine (``ShmBackend`` / ``TCPBackend``) doing the work."""
         return self._engine
+
+    # -- hooks: torch 2.14's, on the torches that have them (Gloo has none on 2.13) ---------
+    if HAS_COLLECTIVE_HOOKS:
+        register_pre_hook = hooks.register_pre_hook
+        unregister_pre_hook = hooks.unregister_pre_hook
+        register_post_hook = hooks.register_post_hook
+        unregister_post_hook = hooks.unregister_post_hook
+
+    if HAS_ABORT_HOOKS:
+        def register_abort_hook(self, hook_id: int, hook: Any) -> None:
+            """torch's ``ProcessGroup.register_abort_hook``: ``hook()`` once, when the group
+            aborts (``abort()``, or a failed operation such as a lost peer)."""
+            self._engine.register_abort_hook(hook_id, hook)
+
+        def unregister_abort_hook(self, hook_id: int) -> None:
+            self._engine.unregister_abort_hook(hook_id)
 
     # -- identity (torch asks for these through the trampoline) -----------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -402,9 +424,17 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def reconfigure(self, opts: Any) -> TorchWork:
         """Re-form the group in place (a list of handles: ranks by position; a set: sorted);
         the old engine is aborted (its peers may be dead)."""
-        engine, rank, size, store = reconf.reform(
-            self, self._engine, make_engine, BACKENDS[self._backend_label], opts, self.get_reconfigure_handle(),
-            self._group_name, self.meeting_store)
+        # The abort hooks are the group's: the re-formed engine keeps them, and aborting the
+        # old one (below) does not run them.
+        abort_hooks = self._engine.take_abort_hooks()
+        try:
+            engine, rank, size, store = reconf.reform(
+                self, self._engine, make_engine, BACKENDS[self._backend_label], opts, self.get_reconfigure_handle(),
+                self._group_name, self.meeting_store)
+        except BaseException:
+            self._engine.adopt_abort_hooks(abort_hooks)
+            raise
+        engine.adopt_abort_hooks(abort_hooks)
         self._engine, self._lane = engine, engine if isinstance(engine, LaneOps) else None
         self._done = _LaneWork() if self._lane is not None else None
         self._rank, self._size, self.meeting_store, self._handle = rank, size, store, None
@@ -466,47 +496,5 @@ class TorchWindow:
         return attr() if attr is not None else ours
 
 
-class ShrinkableBackend:
-    """What torch sees as a plugin group's device backend (``pg._get_backend(cpu)``, 2.14's
-    ``dist.get_backend_impl``): the flags torch reads on one (only shrinking is offered),
-    ``shrink`` for ``shrink_group``, and the pyc10d engine's own methods (``failure``,
-    ``monitored_barrier``, ...) for backend-specific calls."""
-
-    supports_shrinking = True
-    supports_splitting = False
-    supports_coalescing = False
-    supports_time_estimate = False
-
-    def __init__(self, pg: TorchProcessGroup) -> None:
-        self._pg = pg
-
-    def supports_tensor_alloc(self, device: Any) -> bool:
-        return False
-
-    def rank(self) -> int:
-        return self._pg.rank()
-
-    def size(self) -> int:
-        return self._pg.size()
-
-    def name(self) -> str:
-        return self._pg.getBackendName()
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "_pg":  # (not set yet: no engine to ask)
-            raise AttributeError(name)
-        return getattr(self._pg.engine, name)
-
-    def shrink(self, ranks_to_exclude: list[int], shrink_flags: int = 0, opts_override: Any = None) -> TorchProcessGroup:
-        engine = self._pg.engine.shrink(list(ranks_to_exclude), shrink_flags, opts_override)
-        return TorchProcessGroup(engine, engine.rank(), engine.size(), self._pg.getBackendName(),
-                                 self._pg.meeting_store)
-
-
-def backend_for(pg: TorchProcessGroup, device: Any) -> ShrinkableBackend:
-    """``pg._get_backend(device)``: the shrink interface for the CPU (or no device)."""
-    kind = "cpu" if device is None else torch.device(device).type
-    if kind != "cpu":
-        raise RuntimeError(f"Could not retrieve or create the backend for device type {kind}: "
-                           f"pyc10d's group {pg.getGroupName()!r} runs on CPU tensors")
-    return ShrinkableBackend(pg)
+__all__ = ["BACKENDS", "PluginBackend", "ShrinkableBackend", "TorchProcessGroup", "TorchWindow", "TorchWork",
+           "backend_for"]
