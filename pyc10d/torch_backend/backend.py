@@ -141,11 +141,7 @@ class PluginBackend:
         return self._pg.new_window(tensor)
 
     def shrink(self, ranks_to_exclude: list[int], shrink_flags: int = 0, opts_override: Any = None) -> Any:
-        from .group import TorchProcessGroup  # (group.py imports this module)
-
-        engine = self._pg.engine.shrink(list(ranks_to_exclude), shrink_flags, opts_override)
-        return TorchProcessGroup(engine, engine.rank(), engine.size(), self._pg.getBackendName(),
-                                 self._pg.meeting_store)
+        return self._pg.shrunk(self._pg.engine.shrink(list(ranks_to_exclude), shrink_flags, opts_override))
 
     # -- everything else --------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:

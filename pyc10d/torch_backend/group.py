@@ -411,6 +411,10 @@ class TorchProcessGroup(tdist.ProcessGroup):
     def new_window(self, tensor: torch.Tensor | None = None) -> TorchWindow:
         return TorchWindow(windows.new_window(self._engine, tensor, self._backend_label))
 
+    def shrunk(self, engine: Any) -> TorchProcessGroup:
+        """The group of ``engine``, this group's shrink (``PluginBackend.shrink``)."""
+        return TorchProcessGroup(engine, engine.rank(), engine.size(), self.getBackendName(), self.meeting_store)
+
     # -- reconfigure (torch 2.14's dist._reconfigure; ``backends/reconfigure.py``) -------------
     @property
     def supports_reconfigure(self) -> bool:
