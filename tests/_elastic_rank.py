@@ -10,8 +10,8 @@ write (and, first of all, its pid as ``OUT/pid-<pid>``). ``MODE`` says how an at
   right after the all_reduce and the others wait in a second all_reduce, which fails (they
   exit 1, naming the dead rank); torchrun then restarts every worker. A later attempt runs a
   second all_reduce, destroys the group and exits 0.
-* ``grow``: an attempt of world size 2 waits after its all_reduce for torchrun to stop it (a
-  second agent joining restarts the workers with a larger world, the restart count
+* ``grow``: an attempt of world size 2 waits after its all_reduce to be stopped (as torchrun
+  stops the workers when a node joins, and starts a larger world, the restart count
   unchanged); an attempt of another size finishes as a later ``exit`` attempt does.
 
 The test's short form calls ``main`` in processes it forks itself, with the variables torchrun
@@ -47,7 +47,7 @@ def main(backend: str, out: Path, mode: str) -> None:
         dist.all_reduce(t)  # fails: rank 1 died
         sys.exit(f"rank {rank}: the second all_reduce did not fail")
     if mode == "grow" and world == 2:
-        time.sleep(60)  # until torchrun stops this attempt
+        time.sleep(60)  # until it is stopped
         sys.exit(f"rank {rank}: nobody restarted the world of 2")
     dist.all_reduce(t)
     dist.destroy_process_group()

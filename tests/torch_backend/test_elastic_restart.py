@@ -42,6 +42,12 @@ pytestmark = pytest.mark.interpreters  # starts Python interpreters: see conftes
 
 WORKER = str(Path(__file__).resolve().parents[1] / "_elastic_rank.py")
 Records = dict[tuple[int, int, int], dict]
+#: A real torchrun job starts five interpreters, each importing torch: 5 CPU-seconds apiece
+#: here, 10-20 s of wall time under the load of a 2-core machine shared with a test suite,
+#: so a job with a restart takes 30-70 s. Bounded at 120 s, killed past it (Gloo's hang).
+TORCHRUN_BOUND = 120.0
+TORCHRUN = [pytest.mark.full, pytest.mark.timeout(TORCHRUN_BOUND + 30)]
+FORKED = [pytest.mark.timeout(30)]  # (a timeout mark per case: the function's would win over them)
 
 
 def _free_port() -> int:
@@ -169,8 +175,8 @@ def _forked_attempt(port: int, backend: str, out: Path, mode: str, attempt: int,
 def _forked_restart(backend: str, out: Path) -> tuple[int | None, str, float]:
     t0 = time.monotonic()
     server = tdist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
-    first = _forked_attempt(server.port, backend, out, "exit", 0, 2, stop_after=25)
-    second = _forked_attempt(server.port, backend, out, "exit", 1, 2)
+    first = _forked_attempt(server.port, backend, out, "exit", 0, 2, stop_after=10)
+    second = _forked_attempt(server.port, backend, out, "exit", 1, 2, stop_after=12)
     code = 0 if second == [0, 0] else 1
     return code, f"attempt 0 exit codes {first}, attempt 1 exit codes {second}", time.monotonic() - t0
 
@@ -178,9 +184,8 @@ def _forked_restart(backend: str, out: Path) -> tuple[int | None, str, float]:
 # -- the tests ---------------------------------------------------------------------------------
 # make test: the forked stand-in on pyc10d's three backends; torchrun itself, and Gloo, in
 # make test-full.
-@pytest.mark.timeout(55)
-@pytest.mark.parametrize("launcher", ["forked", pytest.param("standalone", marks=pytest.mark.full),
-                                      pytest.param("c10d", marks=pytest.mark.full)])
+@pytest.mark.parametrize("launcher", [pytest.param("forked", marks=FORKED), pytest.param("standalone", marks=TORCHRUN),
+                                      pytest.param("c10d", marks=TORCHRUN)])
 @pytest.mark.parametrize("backend", ["pyc10d", "pyc10d_shm", "pyc10d_tcp",
                                      pytest.param("gloo", marks=pytest.mark.full)])
 def test_a_restarted_attempt_forms_a_new_group(backend: str, launcher: str, tmp_path: Path,
@@ -190,7 +195,7 @@ def test_a_restarted_attempt_forms_a_new_group(backend: str, launcher: str, tmp_
     if launcher == "forked":
         code, log, took = _forked_restart(backend, out)
     else:
-        code, log, took = _torchrun_restart(launcher, backend, out, 45)
+        code, log, took = _torchrun_restart(launcher, backend, out, TORCHRUN_BOUND)
     records = _records(out)
     if backend == "gloo":
         _record_gloo(launcher, code, took, records, log, record_property)
@@ -204,46 +209,33 @@ def test_a_restarted_attempt_forms_a_new_group(backend: str, launcher: str, tmp_
 
 def _record_gloo(launcher: str, code: int | None, took: float, records: Records, log: str,
                  record_property: Callable[[str, object], None]) -> None:
-    """Gloo's run of the same job, for the record, never a failure of pyc10d's: its restarted
-    attempt is known to hang (bounded above, then killed)."""
-    restarted = {(1, 2, 0), (1, 2, 1)} <= set(records)
-    outcome = ("hung, killed" if code is None else f"ended {code}") + f" after {took:.0f}s; the restarted " + \
-        ("attempt reduced" if restarted else f"attempt did not reduce (records {sorted(records)})")
+    """Gloo's run of the same job, for the record, never a failure of pyc10d's. Gloo meets
+    through fixed keys of the same store, so a restarted attempt can read the dead one's
+    addresses ("Connection refused") or hang; bounded above, then killed."""
+    reduced = sorted({a for (a, _, _) in records if {(a, 2, 0), (a, 2, 1)} <= set(records)})
+    outcome = (("hung, killed" if code is None else f"ended {code}") + f" after {took:.0f}s; attempts that "
+               f"reduced: {reduced}" + ("" if any(reduced) else " (no restarted one)"))
     record_property("gloo", outcome)
     print(f"gloo under {launcher} with a restart: {outcome}")
-    assert (0, 2, 0) in records, f"Gloo's first attempt did not reduce either: {outcome}\n{log[-4000:]}"
+    assert 0 in reduced, f"Gloo's first attempt did not reduce either: {outcome}\n{log[-4000:]}"
 
 
-@pytest.mark.timeout(55)
-@pytest.mark.parametrize(("backend", "launcher"), [
-    ("pyc10d", "forked"), ("pyc10d_tcp", "forked"), pytest.param("pyc10d", "c10d", marks=pytest.mark.full)])
-def test_a_grown_world_forms_a_new_group(backend: str, launcher: str, tmp_path: Path) -> None:
-    """Another world size, the restart count unchanged: a second node joins a running job
-    (``--nnodes=1:2``), torchrun stops the world of 2 and starts a world of 4 (forked: of 3).
-    (tcp's own count of joins per generation took the 3 ranks for the end of the world of 2's
-    generation and the start of the next.)"""
+@pytest.mark.parametrize("backend", [pytest.param("pyc10d", marks=FORKED), pytest.param("pyc10d_tcp", marks=FORKED)])
+def test_a_grown_world_forms_a_new_group(backend: str, tmp_path: Path) -> None:
+    """Another world size, the restart count unchanged, as when a node joins a running
+    ``--nnodes=1:2`` job: the world of 2 is stopped (SIGTERM) and a world of 3 starts on the
+    same store. (tcp's own count of joins per generation took the 3 ranks for the end of the
+    world of 2's generation and the start of the next.) Forked only: with torch 2.13's shared
+    agent store, torchrun's own rendezvous deadlocks there, whatever the backend: the joining
+    agent waits for ``MASTER_ADDR`` under the new round's prefix, which the old rank 0 agent,
+    holding its bootstrap info from round 0, never writes again."""
     out = tmp_path / "out"
     out.mkdir()
-    t0 = time.monotonic()
-    if launcher == "forked":
-        server = tdist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
-        _forked_attempt(server.port, backend, out, "grow", 0, 2, stop_after=20,
-                        until=lambda: len(_records(out)) == 2)
-        codes = _forked_attempt(server.port, backend, out, "grow", 0, 3)
-        log, grown = f"the world of 3 exited {codes}", 3
-    else:
-        endpoint = f"127.0.0.1:{_free_port()}"
-        args = ["--nnodes=1:2", "--nproc-per-node=2", "--max-restarts=0", WORKER, backend, str(out), "grow"]
-        first = _start(_torchrun("c10d", endpoint, *args), tmp_path / "a.log")
-        while len(_records(out)) < 2 and first.poll() is None and time.monotonic() - t0 < 30:
-            time.sleep(0.2)
-        second = _start(_torchrun("c10d", endpoint, *args), tmp_path / "b.log")
-        codes = _finish([first, second], out, t0 + 48)
-        log = "\n".join((tmp_path / f).read_text()[-3000:] for f in ("a.log", "b.log"))
-        grown = 4
+    server = tdist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    _forked_attempt(server.port, backend, out, "grow", 0, 2, stop_after=20, until=lambda: len(_records(out)) == 2)
+    codes = _forked_attempt(server.port, backend, out, "grow", 0, 3)
     records = _records(out)
-    assert codes == [0] * len(codes), f"ended {codes} after {time.monotonic() - t0:.0f}s; " \
-                                      f"records {sorted(records)}\n{log}"
-    assert sorted(records) == [(0, 2, 0), (0, 2, 1)] + [(0, grown, r) for r in range(grown)], log
+    assert codes == [0, 0, 0], f"the world of 3 exited {codes}; records {sorted(records)}"
+    assert sorted(records) == [(0, 2, 0), (0, 2, 1), (0, 3, 0), (0, 3, 1), (0, 3, 2)], records
     assert all(r["sum"] == _sum(r["world"]) for r in records.values()), records
     assert list(out.glob("pid-*")) and not _leaked(out), f"left in /dev/shm: {_leaked(out)}"
