@@ -3,10 +3,13 @@
 ``python -m torch.distributed.run ... _elastic_rank.py BACKEND OUT MODE``: every attempt
 runs ``init_process_group(BACKEND)`` on torch.distributed (the store is torchrun's agent
 store, the same one across restarts) and an all_reduce of ``rank + 1`` repeated over 5
-elements, and writes what it got to ``OUT/<restart count>-<world size>-<rank>.json`` in one
-write (and, first of all, its pid as ``OUT/pid-<pid>``). ``MODE`` says how an attempt ends:
+elements, and writes what it got to ``OUT/<attempt>-<world size>-<rank>.json`` in one write
+(and, first of all, its pid as ``OUT/pid-<pid>``). The attempt is counted in the records of
+the rank's earlier attempts: ``TORCHELASTIC_RESTART_COUNT`` is each agent's own count, and an
+agent whose workers did not fail restarts them for the other's failure without counting it.
+``MODE`` says how an attempt ends:
 
-* ``exit``: in the first attempt (``TORCHELASTIC_RESTART_COUNT=0``) rank 1 exits with code 3
+* ``exit``: in the first attempt rank 1 exits with code 3
   right after the all_reduce and the others wait in a second all_reduce, which fails (they
   exit 1, naming the dead rank); torchrun then restarts every worker. A later attempt runs a
   second all_reduce, destroys the group and exits 0.
@@ -34,12 +37,15 @@ import torch.distributed as dist
 def main(backend: str, out: Path, mode: str) -> None:
     """One attempt's worker; its place in the job comes from torchrun's variables."""
     (out / f"pid-{os.getpid()}").touch()  # whose /dev/shm segments the test looks for
-    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # Which attempt this is, counted in the records this rank wrote before: not from
+    # TORCHELASTIC_RESTART_COUNT, which an agent whose own workers did not fail leaves as it was.
+    attempt = len(list(out.glob(f"*-{world}-{rank}.json")))
     dist.init_process_group(backend, timeout=timedelta(seconds=20))
     t = torch.full((5,), float(rank + 1))
     dist.all_reduce(t)
-    record = {"attempt": attempt, "world": world, "rank": rank, "pid": os.getpid(), "sum": t.tolist()}
+    record = {"attempt": attempt, "world": world, "rank": rank, "pid": os.getpid(), "sum": t.tolist(),
+              "restart_count": int(os.environ["TORCHELASTIC_RESTART_COUNT"])}
     (out / f"{attempt}-{world}-{rank}.json").write_text(json.dumps(record))
     if mode == "exit" and attempt == 0:
         if rank == 1:
