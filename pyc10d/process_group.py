@@ -27,6 +27,7 @@ from .backends.shm import ShmBackend
 from .backends.tcp import TCPBackend
 from .backends.threaded import ThreadedBackend
 from .backends.work import CompletedWork, Work
+from .store import attempt
 from .store.base import Store
 from .types import DEFAULT_TIMEOUT
 
@@ -92,6 +93,11 @@ register_factory("shm", ShmBackend.create)
 register_factory("hier", create_hier)  # shm within each host, tcp between hosts' leaders
 register_factory("auto", create_auto)  # the default: shm on one host, hier across hosts, else tcp
 
+#: The engines whose ranks meet through keys of the group's store: each forming of such a
+#: group meets under a scope of its own, never reading what an earlier one left there (a
+#: restarted torchrun attempt gets the failed attempt's store back, keys and all).
+_MEET_IN_STORE = frozenset({"tcp", "shm", "hier", "auto"})
+
 
 #: One-sided windows (``window/``, which registers itself here when imported): whether an
 #: engine's group makes them, and the maker. Until then no group does.
@@ -108,6 +114,8 @@ def make_engine(backend: str, store: Store, rank: int, size: int, timeout: timed
     """The engine of a new group (every API makes its groups' engines here)."""
     key = Backend.resolve(backend)
     freeze_heap_once()
+    if key in _MEET_IN_STORE:  # under a prefix of this forming's own (``store.attempt``)
+        store = attempt.scope(store, rank, size, timeout, name)
     if key in _FACTORIES:
         return _FACTORIES[key](store, rank, size, timeout, name)
     if key in Backend._plugins:

@@ -386,7 +386,7 @@ def _missing_peer_at_init(rank: int, ws: int, path: str) -> str:
         _expect_error(c, "init_process_group without rank 0",
                       lambda: dist.init_process_group("tcp", store=store, rank=rank, world_size=ws,
                                                       timeout=timedelta(seconds=1.5)),
-                      ["rank 0", "tcp_addr/0"], after=1.5, within=2.5)
+                      ["rank 0", "to admit it", "attempt/admit/1/"], after=1.5, within=2.5)
     finally:
         signals.set(f"gave_up/{rank}", "1")
     return str(c.finish())

@@ -279,7 +279,9 @@ RANK_SCRIPT = """
             "local_rank": dist.get_node_local_rank(-1), "store_port": store.port,
             "store_host": store.host}
     if dist.get_backend() == "tcp":
-        info["addr"] = store.get(f"0//tcp_addr/{rank}").decode().rsplit(":", 2)[0]
+        # (the group met under a prefix of its forming's own: pyc10d/store/attempt.py)
+        key = next(k for k in store.list_keys() if k.startswith("0//attempt/") and k.endswith(f"/tcp_addr/{rank}"))
+        info["addr"] = store.get(key).decode().rsplit(":", 2)[0]
     dist.barrier()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(info, f)

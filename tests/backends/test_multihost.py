@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.skipif(_WHY_NOT is not None, reason=f"namespace hosts:
 
 WORKER = str(Path(__file__).resolve().parents[1] / "_multihost_worker.py")
 API_RANK = str(Path(__file__).resolve().parents[1] / "_api_rank.py")  # torchrun and file:// cases
+ELASTIC_RANK = str(Path(__file__).resolve().parents[1] / "_elastic_rank.py")  # torchrun's restarts
 #: Inside the module's own namespaces nothing else listens; each test takes the next port so a
 #: listener of the previous test still in TIME_WAIT (or a killed host's) never gets in the way.
 _PORTS = itertools.count(29500)
@@ -201,12 +202,21 @@ def _all_succeed(hs: Hosts, procs: list, out: Path, timeout: float) -> dict[int,
     return reports
 
 
-@pytest.mark.timeout(55)
-@pytest.mark.parametrize("api", [pytest.param("pyc10d", marks=pytest.mark.full), "plugin"])
+# (a timeout per case: a mark on the function would win over the cases' own)
+@pytest.mark.parametrize("api", [pytest.param("pyc10d", marks=[pytest.mark.full, pytest.mark.timeout(55)]),
+                                 pytest.param("plugin", marks=pytest.mark.timeout(55)),
+                                 pytest.param("restart", marks=[pytest.mark.full, pytest.mark.timeout(260)])])
 def test_torchs_torchrun_across_hosts(hosts: Hosts, port: int, tmp_path: Path, api: str) -> None:
     """torch's own launcher on two hosts of two ranks: its agent on h0 serves torch's store,
     which pyc10d's ranks join (``api="pyc10d"``), or an unchanged torch program runs on
-    pyc10d's engine through the plugin (``api="plugin"``)."""
+    pyc10d's engine through the plugin (``api="plugin"``). ``api="restart"``: the plugin under
+    ``--rdzv-backend=c10d --max-restarts=1``, rank 1 exiting after the first attempt's
+    all_reduce; both agents restart their workers, and the second attempt must form a new
+    group (hier: shm on each host, tcp between them) on the store the first one used (ten
+    interpreters importing torch: a minute or two)."""
+    if api == "restart":
+        _torchrun_restart_across_hosts(hosts, port, tmp_path)
+        return
     backend = "auto" if api == "pyc10d" else "pyc10d"
     procs = []
     for h in hosts.hosts:
@@ -219,6 +229,34 @@ def test_torchs_torchrun_across_hosts(hosts: Hosts, port: int, tmp_path: Path, a
         assert (rep["world"], rep["sum"], rep["bcast"]) == (4, [10.0] * 4, [3.0] * 3), rep
         assert rep["host"] == f"h{r // 2}" and rep["local_rank"] == r % 2, rep
         assert rep["backend"] == ("hier" if api == "pyc10d" else "pyc10d"), rep
+
+
+def _torchrun_restart_across_hosts(hs: Hosts, port: int, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    procs = []
+    for h in hs.hosts:
+        log = open(tmp_path / f"{h.name}.log", "w")  # closed with the process
+        argv = [sys.executable, "-m", "torch.distributed.run", "--monitor-interval=0.1", "--nnodes=2",
+                "--nproc-per-node=2", "--max-restarts=1", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={hs[0].addr}:{port}", "--rdzv-id=restart", ELASTIC_RANK, "pyc10d", str(out), "exit"]
+        procs.append(h.spawn(argv, stdout=log, stderr=subprocess.STDOUT))
+
+    def logs() -> str:
+        return "\n".join((tmp_path / f"{h.name}.log").read_text()[-3000:] for h in hs.hosts)
+
+    deadline = time.monotonic() + 240
+    for p in procs:
+        try:
+            assert p.wait(timeout=max(deadline - time.monotonic(), 0.1)) == 0, logs()
+        except subprocess.TimeoutExpired:
+            for h in hs.hosts:
+                h.kill()
+            pytest.fail(f"still running after 240s\n{logs()}")
+    records = {(r["attempt"], r["world"], r["rank"]): r["sum"]
+               for r in (json.loads(p.read_text()) for p in out.glob("*.json"))}
+    assert sorted(records) == [(a, 4, r) for a in (0, 1) for r in range(4)], logs()
+    assert set(map(tuple, records.values())) == {(10.0,) * 5}, records
 
 
 @pytest.mark.timeout(45)
