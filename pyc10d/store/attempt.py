@@ -34,8 +34,11 @@ from .prefix import PrefixStore
 
 #: Where the handshake's keys live, under the group's own prefix.
 ROOT = "attempt"
-#: Longest pause between two reads of the hellos while rank 0 waits for acknowledgements.
-_MAX_POLL = 0.05
+#: Longest pause between two reads of the hellos while rank 0 waits for acknowledgements:
+#: short, since every rank's group forming waits on it (a reconfigure's replacement too); each
+#: read is two store round trips, and the acknowledgements come a few round trips after the
+#: admissions.
+_MAX_POLL = 0.005
 
 
 def scope(store: Store, rank: int, size: int, timeout: timedelta, group_name: str) -> Store:
@@ -81,7 +84,7 @@ def _admit_all(store: Store, size: int, deadline: float, timeout: timedelta, gro
                           f"{timeout.total_seconds():.0f}s waiting for ranks {missing} to arrive "
                           f"(keys {', '.join(f'{ROOT}/hello/{p}' for p in missing[:4])})") from e
     admitted: dict[int, bytes] = {}
-    pause = 0.001
+    pause = 0.0005
     while True:
         # A hello that changed since the last read is a fresh rank's, and the one admitted
         # before it a dead attempt's (or an earlier forming's): admit the new one too.
