@@ -119,7 +119,7 @@ def check_train(got: dict | str, backend: str) -> list[str]:
 
     if isinstance(got, str):
         return [got]
-    problems = clients.compare(f"TorchTrainer on {backend}", {**got, "group": "pyc10d"}, tiny_ddp.reference(4))
+    problems = clients.compare("TorchTrainer", f"on {backend}", {**got, "group": "pyc10d"}, tiny_ddp.reference(4))
     if got["group"] != backend:
         problems.append(f"TorchTrainer on {backend}: the workers' group was on {got['group']!r}")
     if sorted(got["hosts"]) != ["h0", "h0", "h1", "h1"]:
