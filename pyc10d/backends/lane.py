@@ -126,11 +126,14 @@ class LaneOps(EngineCore):
             steps = self._steps = {}
         step = steps.get(key)
         if step is None:
-            # The table first, once per key: a call it refuses takes the general path, which
-            # raises naming the argument (an empty tensor too: the lane would move 0 bytes).
-            step = self._lane_step(key, x, y, red, root) if _accepted(x, y, red) else False
+            step = self._lane_step(key, x, y, red, root)
             if step is None:  # not yet (e.g. no arena before the group's first operation)
                 return 0
+            # The table, once per key that has a step: a call it refuses takes the general
+            # path, which raises naming the argument (an empty tensor too: the lane would
+            # move 0 bytes).
+            if step is not False and not _accepted(x, y, red):
+                step = False
             steps[key] = step
         if step is False or torch_profiler._is_profiler_enabled:  # the profiler shows the general path
             return 0
