@@ -93,7 +93,8 @@ dist.destroy_process_group()
 @pytest.mark.timeout(55)
 def test_importing_every_module_changes_no_call() -> None:
     """Two fresh processes (``import pyc10d`` alone, as a program starts): a 64 KiB and a
-    1 MiB all_reduce count the same calls before and after importing every module of pyc10d
+    1 MiB all_reduce count the same calls (within ``calls.TOLERANCE``) before and after
+    importing every module of pyc10d
     (outside its benchmarks, test harnesses and simulator)."""
     import subprocess
 
@@ -107,4 +108,6 @@ def test_importing_every_module_changes_no_call() -> None:
         assert p.returncode == 0, out
         got = json.loads(out.strip().splitlines()[-1])
         assert len(got["imported"]) > 5, got
-        assert got["after"] == got["before"], got
+        # The same path: within the guard's tolerance (a path switched moves dozens of calls;
+        # under load a call now and then meets its peer's bytes one look later)
+        assert all(abs(got["after"][k] - got["before"][k]) <= calls.TOLERANCE for k in got["before"]), got
